@@ -1,0 +1,1 @@
+"""compaction-proxy: an OpenAI-compatible reverse proxy that compacts long conversations."""

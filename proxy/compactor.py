@@ -1,0 +1,547 @@
+"""The compaction engine: identify, substitute, count, decide, compact (DESIGN §2-§5).
+
+This is the shared core that both front doors (the Starlette server and the LiteLLM hook)
+call. The pure parts live in ``fingerprint``, ``planner``, ``records``, ``detector`` and
+``summarizer``; this module owns the I/O they need (store and LLM calls), the per-conversation
+lock, the failure cooldown and background scheduling. Nothing here ever raises into the
+request path: every failure leaves the request as the client sent it (or, when it would not
+fit, emergency-truncated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import detector, keyfacts, planner, summarizer
+from .errors import CompactionFailed, StoreError
+from .fingerprint import conversation_id, fingerprint, fingerprints, prefix_chain
+from .llm import LLM
+from .messages import Message, head_length, transcript
+from .modelmap import context_window
+from .records import (
+    MAX_CHECKPOINTS,
+    CompactionRecord,
+    body_start,
+    conv_key,
+    find_checkpoint,
+    parse_checkpoints,
+    substitute,
+)
+from .settings import CompactionSettings
+from .store import Store, get_list
+from .tokens import TokenCounter
+
+log = logging.getLogger("compaction_proxy.compactor")
+
+EMERGENCY_NOTE = (
+    "Earlier messages of this conversation were omitted so that it fits the model's context."
+)
+
+
+@dataclass(frozen=True)
+class Prompts:
+    detector: str
+    summarizer: str
+
+
+@dataclass
+class Prepared:
+    """One request after identification and substitution: what would be forwarded, and why."""
+
+    tenant: str
+    conversation: str
+    model: str
+    credential: str | None
+    original: list[Message]
+    original_counts: list[int]
+    forwarded: list[Message]
+    forwarded_counts: list[int]
+    original_tokens: int
+    forwarded_tokens: int
+    record: CompactionRecord | None
+    decision: planner.Decision
+    case: str = "none"
+    compacted_now: bool = False
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return self.record is not None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one compaction attempt (a new record, or why there is none)."""
+
+    case: str
+    record: CompactionRecord | None
+    reason: str
+    failed: bool = False
+
+
+class Compactor:
+    """The core engine. Owns no sockets itself: the store and LLM client are handed in."""
+
+    def __init__(
+        self,
+        settings: CompactionSettings,
+        store: Store,
+        llm: LLM,
+        prompts: Prompts,
+        *,
+        counter: TokenCounter | None = None,
+        retention_s: float | None = 30 * 86400,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.prompts = prompts
+        self.counter = counter or TokenCounter()
+        self.retention_s = retention_s
+        self._inflight: dict[str, asyncio.Future[Outcome]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- store access (sync store, run off the event loop) -------------------------------
+
+    async def _io(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(fn, *args)
+
+    def _lookup_sync(
+        self, tenant: str, conversation: str, chain: Sequence[bytes]
+    ) -> tuple[CompactionRecord | None, bool]:
+        cooling = self.store.get(conv_key("cool", tenant, conversation)) is not None
+        cps = parse_checkpoints(get_list(self.store, conv_key("ck", tenant, conversation)))
+        cp = find_checkpoint(cps, chain)
+        if cp is None:
+            return None, cooling
+        raw = self.store.get(conv_key("rec", tenant, conversation) + ":" + cp.prefix_hash)
+        record = CompactionRecord.from_json(raw)
+        if record is None or record.k != cp.k or record.prefix_hash != cp.prefix_hash:
+            return None, cooling
+        return record, cooling
+
+    # ---- the request path ----------------------------------------------------------------
+
+    async def prepare(
+        self,
+        messages: list[Message],
+        *,
+        model: str,
+        tenant: str,
+        credential: str | None = None,
+        conversation_header: str | None = None,
+        bypass: bool = False,
+    ) -> Prepared:
+        """Identify, substitute, count and decide; compact inline when the decision says so."""
+        fps = fingerprints(messages)
+        chain = prefix_chain(tenant, fps)
+        conversation = conversation_id(chain, messages, conversation_header)
+        counts = self.counter.count_messages(messages, model, fps)
+        original_tokens = sum(counts) + 3
+        record, cooling = None, False
+        if not bypass and self.settings.enabled:
+            try:
+                record, cooling = await self._io(self._lookup_sync, tenant, conversation, chain)
+            except StoreError as exc:
+                log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
+        prepared = self._view(
+            messages, counts, model, tenant, credential, conversation, record, original_tokens
+        )
+        window = context_window(model)
+        prepared.decision = planner.decide(
+            prepared.forwarded_tokens,
+            self.settings,
+            context_window=window,
+            bypass=bypass,
+            cooling_down=cooling,
+        )
+        if bypass:
+            prepared.case = "off"
+        if prepared.decision.action == "inline":
+            prepared = await self._inline(prepared)
+        return prepared
+
+    def _view(
+        self,
+        messages: list[Message],
+        counts: list[int],
+        model: str,
+        tenant: str,
+        credential: str | None,
+        conversation: str,
+        record: CompactionRecord | None,
+        original_tokens: int,
+    ) -> Prepared:
+        if record is None:
+            forwarded, fwd_counts = list(messages), list(counts)
+        else:
+            forwarded = substitute(messages, record)
+            fwd_counts = list(counts[: record.head_len])
+            if record.summary is not None:
+                fwd_counts.append(
+                    self.counter.count_message(record.summary, model, fingerprint(record.summary))
+                )
+            fwd_counts.extend(counts[record.k :])
+        return Prepared(
+            tenant=tenant,
+            conversation=conversation,
+            model=model,
+            credential=credential,
+            original=messages,
+            original_counts=counts,
+            forwarded=forwarded,
+            forwarded_counts=fwd_counts,
+            original_tokens=original_tokens,
+            forwarded_tokens=sum(fwd_counts) + 3,
+            record=record,
+            decision=planner.Decision("forward", "not decided"),
+            case=record.case if record else "none",
+        )
+
+    async def _inline(self, prepared: Prepared) -> Prepared:
+        outcome = await self.compact(prepared, inline=True)
+        if outcome.record is None:
+            return prepared
+        updated = self._view(
+            prepared.original,
+            prepared.original_counts,
+            prepared.model,
+            prepared.tenant,
+            prepared.credential,
+            prepared.conversation,
+            outcome.record,
+            prepared.original_tokens,
+        )
+        updated.decision = prepared.decision
+        updated.compacted_now = True
+        return updated
+
+    def schedule(self, prepared: Prepared) -> None:
+        """Run a background compaction if the decision asked for one (never blocks)."""
+        if prepared.decision.action != "background":
+            return
+        task = asyncio.get_running_loop().create_task(self.compact(prepared, inline=False))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Wait for scheduled background compactions (shutdown and tests)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
+    # ---- compaction ----------------------------------------------------------------------
+
+    async def compact(self, prepared: Prepared, *, inline: bool) -> Outcome:
+        """One compaction of ``prepared.forwarded``; at most one per conversation at a time.
+
+        A caller that finds one already running waits for it and reuses its result.
+        """
+        key = conv_key("lock", prepared.tenant, prepared.conversation)
+        running = self._inflight.get(key)
+        if running is not None:
+            if not inline:
+                return Outcome("none", None, "already running")
+            await asyncio.shield(running)
+            return await self._reuse(prepared)
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            outcome = await self._compact_locked(prepared, key, inline)
+        except Exception as exc:  # the last line of failing open
+            log.exception("compaction crashed; request goes through unchanged")
+            outcome = Outcome("none", None, f"internal error: {type(exc).__name__}", failed=True)
+        finally:
+            self._inflight.pop(key, None)
+        future.set_result(outcome)
+        return outcome
+
+    async def _compact_locked(self, prepared: Prepared, key: str, inline: bool) -> Outcome:
+        ttl = self.settings.llm_timeout_s * 2 + 30
+        try:
+            acquired = await self._io(self.store.add, key, time.time(), ttl)
+        except StoreError as exc:
+            log.warning("store unavailable for the compaction lock", extra={"error": str(exc)})
+            return Outcome("none", None, "store unavailable", failed=True)
+        if not acquired:
+            if not inline:
+                return Outcome("none", None, "locked by another worker")
+            # Another worker or replica is compacting this conversation: wait, then reuse.
+            deadline = time.monotonic() + ttl
+            while time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+                if await self._io(self.store.get, key) is None:
+                    break
+            return await self._reuse(prepared)
+        try:
+            return await self._compact(prepared, inline)
+        finally:
+            try:
+                await self._io(self.store.delete, key)
+            except StoreError:
+                pass  # the lock expires by its TTL
+
+    async def _reuse(self, prepared: Prepared) -> Outcome:
+        """After waiting for a concurrent compaction: its record, if it matches this history."""
+        chain = prefix_chain(prepared.tenant, fingerprints(prepared.original))
+        try:
+            record, _ = await self._io(
+                self._lookup_sync, prepared.tenant, prepared.conversation, chain
+            )
+        except StoreError:
+            record = None
+        if record is not None and record != prepared.record:
+            return Outcome(record.case, record, "reused a concurrent compaction")
+        return await self._fallback(prepared, "concurrent compaction gave nothing usable")
+
+    async def _fallback(self, prepared: Prepared, reason: str) -> Outcome:
+        limit = prepared.decision.limit_tokens
+        if limit is not None and prepared.forwarded_tokens > limit:
+            return await self._store(prepared, self._emergency(prepared, limit, reason))
+        return Outcome("none", None, reason)
+
+    async def _compact(self, prepared: Prepared, inline: bool) -> Outcome:
+        started = time.monotonic()
+        if not prepared.decision.use_llm:
+            return await self._fallback(prepared, "cooling down")
+        try:
+            outcome = await self._llm_compaction(prepared, started)
+        except CompactionFailed as exc:
+            log.warning(
+                "compaction failed",
+                extra={"conversation": prepared.conversation, "error": str(exc)},
+            )
+            await self._cooldown(prepared)
+            self._event(prepared, {"case": "failed", "error": str(exc)[:300]})
+            await self._flush_events(prepared)
+            return await self._fallback(prepared, f"compaction failed: {exc}")
+        return await self._store(prepared, outcome)
+
+    async def _llm_compaction(self, prepared: Prepared, started: float) -> Outcome:
+        s = self.settings
+        fwd, counts = prepared.forwarded, prepared.forwarded_counts
+        head_len = _head_len(prepared)
+        plan = planner.plan_cut(fwd, counts, head_len, s)
+        if plan is None:
+            return Outcome("none", None, "nothing to cut")
+        offset, window = detector.detector_window(fwd, plan.body_start, s.detector_window_messages)
+        detection = detector.SAFE_DEFAULT
+        llm_tokens = 0
+        try:
+            reply = await self.llm.complete(
+                s.detection_model or prepared.model,
+                detector.build_request(self.prompts.detector, window, s.detector_chars_per_message),
+                max_tokens=400,
+                purpose="detector",
+                credential=prepared.credential,
+            )
+            llm_tokens += reply.prompt_tokens + reply.completion_tokens
+            detection = detector.parse_detection(reply.text, len(window))
+        except CompactionFailed as exc:
+            # The detector is an optimisation: without it we still summarize.
+            self._event(prepared, {"case": "detector_failed", "error": str(exc)[:300]})
+        boundary = None if detection.boundary_index is None else offset + detection.boundary_index
+        case, cut = planner.choose_case(plan, boundary, detection.confidence, s)
+        earlier = None
+        if plan.body_start > head_len:
+            earlier = summarizer.strip_summary_header(str(fwd[head_len].get("content", "")))
+        if case == "truncate":
+            if not s.truncate_keeps_note:
+                text = None
+            else:
+                text = (
+                    detection.summary
+                    or f"An earlier topic was set aside: {detection.boundary_reason}"
+                )
+                if earlier:
+                    text = f"{earlier.strip()}\n\n{text}"
+        else:
+            reply = await self.llm.complete(
+                s.summary_model or prepared.model,
+                summarizer.build_request(
+                    self.prompts.summarizer,
+                    fwd[plan.body_start : cut],
+                    earlier,
+                    s.summary_budget_tokens,
+                ),
+                max_tokens=s.summary_budget_tokens,
+                purpose="summarizer",
+                credential=prepared.credential,
+            )
+            llm_tokens += reply.prompt_tokens + reply.completion_tokens
+            try:
+                text = summarizer.accept(reply.text, reply.finish_reason)
+            except summarizer.SummaryRejected as exc:
+                raise CompactionFailed(str(exc)) from exc
+        return self._build(
+            prepared,
+            cut,
+            text,
+            case,
+            reason=detection.boundary_reason,
+            confidence=detection.confidence,
+            started=started,
+            llm_tokens=llm_tokens,
+        )
+
+    def _build(
+        self,
+        prepared: Prepared,
+        cut: int,
+        text: str | None,
+        case: str,
+        *,
+        reason: str,
+        confidence: float,
+        started: float,
+        llm_tokens: int = 0,
+    ) -> Outcome:
+        """A record for cutting the forwarded list at ``cut``, if it saves tokens."""
+        fwd = prepared.forwarded
+        head_len = _head_len(prepared)
+        # forwarded[i] is original[i + shift] for every i past the head and summary.
+        shift = prepared.record.k - body_start(prepared.record) if prepared.record else 0
+        k = cut + shift
+        covered = k - head_len
+        summary_msg = None
+        kept: tuple[str, ...] = ()
+        dropped: tuple[str, ...] = ()
+        if text is not None:
+            text, report = keyfacts.guard(
+                transcript(fwd[head_len:cut]), text, self.settings.key_references_max_chars
+            )
+            kept, dropped = report.kept, report.dropped
+            summary_msg = planner.summary_message(text, covered, self.settings.summary_role)
+        after = list(fwd[:head_len]) + ([summary_msg] if summary_msg else []) + list(fwd[cut:])
+        tokens_after = sum(self.counter.count_messages(after, prepared.model)) + 3
+        if tokens_after >= prepared.forwarded_tokens:
+            return Outcome("none", None, "compaction would not reduce tokens")
+        chain = prefix_chain(prepared.tenant, fingerprints(prepared.original[:k]))
+        record = CompactionRecord(
+            k=k,
+            prefix_hash=chain[k].hex(),
+            head_len=head_len,
+            summary=summary_msg,
+            case=case,
+            covered=covered,
+            created_at=time.time(),
+            tokens_before=prepared.forwarded_tokens,
+            tokens_after=tokens_after,
+            boundary_reason=reason,
+            confidence=confidence,
+            facts_kept=list(kept),
+            facts_dropped=list(dropped),
+            duration_s=round(time.monotonic() - started, 4),
+            model=prepared.model,
+            llm_tokens=llm_tokens,
+        )
+        return Outcome(case, record, reason or case)
+
+    def _emergency(self, prepared: Prepared, limit: int, reason: str) -> Outcome:
+        head_len = _head_len(prepared)
+        note_tokens = 40 + self.settings.key_references_max_chars // 3
+        cut = planner.emergency_cut(
+            prepared.forwarded, prepared.forwarded_counts, head_len, limit, note_tokens
+        )
+        if cut is None:
+            return Outcome("none", None, f"{reason}; nothing can be dropped")
+        outcome = self._build(
+            prepared,
+            cut,
+            EMERGENCY_NOTE,
+            "emergency",
+            reason=reason,
+            confidence=0.0,
+            started=time.monotonic(),
+        )
+        return outcome
+
+    async def _store(self, prepared: Prepared, outcome: Outcome) -> Outcome:
+        record = outcome.record
+        if record is None:
+            return outcome
+        ttl = self.retention_s
+        rec_key = conv_key("rec", prepared.tenant, prepared.conversation) + ":" + record.prefix_hash
+
+        def write() -> None:
+            self.store.set(rec_key, record.to_json(), ttl)
+            self.store.append(
+                conv_key("ck", prepared.tenant, prepared.conversation),
+                {"k": record.k, "h": record.prefix_hash},
+                ttl,
+                MAX_CHECKPOINTS,
+            )
+
+        try:
+            await self._io(write)
+        except StoreError as exc:
+            log.warning("could not store a compaction record", extra={"error": str(exc)})
+            # The result still serves this request when it was inline.
+        event = {
+            "case": record.case,
+            "k": record.k,
+            "covered": record.covered,
+            "tokens_before": record.tokens_before,
+            "tokens_after": record.tokens_after,
+            "reason": outcome.reason[:300],
+            "confidence": record.confidence,
+            "duration_s": record.duration_s,
+            "llm_tokens": record.llm_tokens,
+            "prefix_hash": record.prefix_hash,
+        }
+        self._event(prepared, event)
+        await self._flush_events(prepared)
+        log.info(
+            "compacted",
+            extra={
+                "conversation": prepared.conversation,
+                "case": record.case,
+                "tokens_before": record.tokens_before,
+                "tokens_after": record.tokens_after,
+            },
+        )
+        return outcome
+
+    async def _cooldown(self, prepared: Prepared) -> None:
+        try:
+            await self._io(
+                self.store.set,
+                conv_key("cool", prepared.tenant, prepared.conversation),
+                time.time(),
+                self.settings.cooldown_s,
+            )
+        except StoreError:
+            pass
+
+    def _event(self, prepared: Prepared, event: dict[str, Any]) -> None:
+        event.setdefault("ts", time.time())
+        event.setdefault("model", prepared.model)
+        prepared.events.append(event)
+
+    async def _flush_events(self, prepared: Prepared) -> None:
+        events, prepared.events = prepared.events, []
+        key = conv_key("ev", prepared.tenant, prepared.conversation)
+
+        def write() -> None:
+            for event in events:
+                self.store.append(key, event, self.retention_s, 500)
+
+        try:
+            await self._io(write)
+        except StoreError:
+            pass
+
+
+def _head_len(prepared: Prepared) -> int:
+    return prepared.record.head_len if prepared.record else head_length(prepared.original)
+
+
+def with_messages(body: dict[str, Any], messages: list[Message]) -> dict[str, Any]:
+    """A copy of the request body with its messages replaced (nothing else changes)."""
+    out = dict(body)
+    out["messages"] = messages
+    return out

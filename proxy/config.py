@@ -1,0 +1,210 @@
+"""Configuration: YAML read once into frozen values; an error names the key (uvicorn style).
+
+``load_config`` does the side effects (reading the file, the environment); the dataclasses
+only hold values.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+import yaml
+
+from .settings import CompactionSettings
+
+ENV_VAR = "COMPACTION_PROXY_CONFIG"
+_ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
+
+
+class ConfigError(ValueError):
+    """The configuration is invalid; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Listen:
+    host: str = "127.0.0.1"
+    port: int = 4000
+
+
+@dataclass(frozen=True)
+class Upstream:
+    base_url: str = "https://api.openai.com/v1"
+    api_key: str | None = None
+    timeout_s: float = 600.0
+    connect_timeout_s: float = 10.0
+    max_connections: int = 512
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    url: str = "diskcache://~/.cache/compaction-proxy"
+    retention_days: float = 30.0
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body_mb: float = 32.0
+
+
+@dataclass(frozen=True)
+class Admin:
+    token: str | None = None
+    protect_metrics: bool = False
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: Listen = field(default_factory=Listen)
+    upstream: Upstream = field(default_factory=Upstream)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    limits: Limits = field(default_factory=Limits)
+    compaction: CompactionSettings = field(default_factory=CompactionSettings)
+    admin: Admin = field(default_factory=Admin)
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.limits.max_body_mb * 1024 * 1024)
+
+    @property
+    def retention_s(self) -> float:
+        return self.store.retention_days * 86400
+
+
+def _expand(value: Any, where: str) -> Any:
+    """Expand ``${VAR}`` / ``${VAR:-default}``; an unset variable without default is an error."""
+    if isinstance(value, str):
+
+        def sub(match: re.Match[str]) -> str:
+            name, default = match.group(1), match.group(2)
+            if name in os.environ:
+                return os.environ[name]
+            if default is not None:
+                return default
+            raise ConfigError(f"{where}: environment variable {name} is not set")
+
+        expanded = _ENV_RE.sub(sub, value)
+        return None if expanded == "" and _ENV_RE.fullmatch(value) else expanded
+    if isinstance(value, dict):
+        return {k: _expand(v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v, where) for v in value]
+    return value
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Check ``value`` against a resolved type hint (``int``, ``str | None``, ``Literal``)."""
+    args = get_args(annotation)
+    if get_origin(annotation) is Literal:
+        if value not in args:
+            raise ConfigError(f"{where}: must be one of {list(args)}, not {value!r}")
+        return value
+    if value is None:
+        if type(None) in args:
+            return None
+        raise ConfigError(f"{where}: must not be null")
+    base = next((a for a in args if a is not type(None)), annotation) if args else annotation
+    if base is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: must be true or false, not {value!r}")
+        return value
+    if base in (int, float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where}: must be a number, not {value!r}")
+        if base is int and not float(value).is_integer():
+            raise ConfigError(f"{where}: must be an integer, not {value!r}")
+        if value < 0:
+            raise ConfigError(f"{where}: must not be negative")
+        return base(value)
+    if base is str:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: must be a string, not {value!r}")
+        return value
+    return value
+
+
+def _section(cls: type, raw: Any, where: str) -> Any:
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    known = {f.name: f for f in fields(cls)}
+    hints = get_type_hints(cls)
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise ConfigError(f"{where}.{key}: unknown key (known: {', '.join(known)})")
+        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+    return cls(**kwargs)
+
+
+_SECTIONS: dict[str, type] = {
+    "listen": Listen,
+    "upstream": Upstream,
+    "store": StoreConfig,
+    "limits": Limits,
+    "compaction": CompactionSettings,
+    "admin": Admin,
+}
+
+
+def parse_config(raw: Any) -> Config:
+    """A ``Config`` from parsed YAML; raises ``ConfigError`` naming the first bad key."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("config: the top level must be a mapping")
+    raw = _expand(raw, "config")
+    sections = {}
+    for key, value in raw.items():
+        if key not in _SECTIONS:
+            raise ConfigError(f"{key}: unknown section (known: {', '.join(_SECTIONS)})")
+        sections[key] = _section(_SECTIONS[key], value, key)
+    config = Config(**sections)
+    _check(config)
+    return config
+
+
+def _check(config: Config) -> None:
+    c = config.compaction
+    if c.trigger_tokens <= 0:
+        raise ConfigError("compaction.trigger_tokens: must be positive")
+    if c.verbatim_window_tokens >= c.trigger_tokens:
+        raise ConfigError("compaction.verbatim_window_tokens: must be below trigger_tokens")
+    if c.emergency_factor < 1.0:
+        raise ConfigError("compaction.emergency_factor: must be at least 1.0")
+    if not 0.0 <= c.min_confidence <= 1.0:
+        raise ConfigError("compaction.min_confidence: must be between 0 and 1")
+    if c.summary_budget_tokens < 16:
+        raise ConfigError("compaction.summary_budget_tokens: must be at least 16")
+    if not config.upstream.base_url.startswith(("http://", "https://")):
+        raise ConfigError("upstream.base_url: must start with http:// or https://")
+    if config.limits.max_body_mb <= 0:
+        raise ConfigError("limits.max_body_mb: must be positive")
+    if not 0 < config.listen.port < 65536:
+        raise ConfigError("listen.port: must be between 1 and 65535")
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> Config:
+    """Read ``path`` (or ``$COMPACTION_PROXY_CONFIG``); no file means all defaults."""
+    path = path or os.environ.get(ENV_VAR)
+    if not path:
+        return parse_config({})
+    file = Path(path).expanduser()
+    try:
+        raw = yaml.safe_load(file.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {file}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
+    return parse_config(raw)
+
+
+def load_prompt(name: str) -> str:
+    """A packaged prompt (``config/prompts/NAME.md``, shipped inside the package)."""
+    return (Path(__file__).parent / "prompts" / f"{name}.md").read_text()

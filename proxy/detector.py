@@ -1,0 +1,125 @@
+"""The topic-boundary detector: its prompt input and a lenient parser (DESIGN §5).
+
+Model output is messy (code fences, prose around the JSON, strings for numbers). Parsing
+never raises: anything unusable becomes the safe default, which means "no boundary".
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .messages import Message, render
+
+_FENCE_RE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Detection:
+    """The detector's verdict. ``boundary_index`` is local to the window it was shown."""
+
+    boundary_index: int | None = None
+    boundary_reason: str = ""
+    confidence: float = 0.0
+    summary: str = ""
+
+
+SAFE_DEFAULT = Detection()
+
+
+def indexed_lines(messages: Sequence[Message], max_chars: int) -> str:
+    """``[i] ROLE: text`` per message, each cut at ``max_chars`` characters."""
+    lines = []
+    for i, m in enumerate(messages):
+        text = render(m).replace("\n", " ")
+        if len(text) > max_chars:
+            text = text[:max_chars] + " ..."
+        lines.append(f"[{i}] {text}")
+    return "\n".join(lines)
+
+
+def detector_window(
+    messages: Sequence[Message], body_start: int, window: int
+) -> tuple[int, Sequence[Message]]:
+    """The last ``window`` body messages, with the offset of the first one."""
+    offset = max(body_start, len(messages) - window)
+    return offset, messages[offset:]
+
+
+def build_request(prompt: str, window_messages: Sequence[Message], max_chars: int) -> list[Message]:
+    """The detector's chat messages: instructions plus one user message of indexed prose."""
+    excerpt = indexed_lines(window_messages, max_chars)
+    return [
+        {"role": "system", "content": prompt},
+        {"role": "user", "content": f"Conversation excerpt:\n\n{excerpt}\n\nAnswer with the JSON."},
+    ]
+
+
+def _candidates(text: str) -> list[str]:
+    found = [m.group(1) for m in _FENCE_RE.finditer(text)]
+    found.append(text)
+    return found
+
+
+def _find_object(text: str) -> dict[str, Any] | None:
+    decoder = json.JSONDecoder()
+    for candidate in _candidates(text):
+        candidate = candidate.strip()
+        for start in [i for i, ch in enumerate(candidate) if ch == "{"][:20]:
+            try:
+                value, _ = decoder.raw_decode(candidate, start)
+            except ValueError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+def _as_index(value: Any) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("[").rstrip("]").isdigit():
+        return int(value.strip().lstrip("[").rstrip("]"))
+    return None
+
+
+def _as_confidence(value: Any) -> float:
+    if isinstance(value, bool):
+        return 0.0
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return 0.0
+    if not math.isfinite(number):
+        return 0.0
+    if number > 1.0 and number <= 100.0:
+        number /= 100.0  # "85" meaning 85%
+    return min(max(number, 0.0), 1.0)
+
+
+def parse_detection(text: str | None, window_len: int) -> Detection:
+    """Parse the detector's reply; out-of-range or non-integer indices become None."""
+    if not text:
+        return SAFE_DEFAULT
+    obj = _find_object(text)
+    if obj is None:
+        return SAFE_DEFAULT
+    index = _as_index(obj.get("boundary_index"))
+    if index is not None and not 0 <= index < window_len:
+        index = None
+    reason = obj.get("boundary_reason")
+    summary = obj.get("summary")
+    return Detection(
+        boundary_index=index,
+        boundary_reason=reason.strip()[:500] if isinstance(reason, str) else "",
+        confidence=_as_confidence(obj.get("confidence")) if index is not None else 0.0,
+        summary=summary.strip() if isinstance(summary, str) else "",
+    )

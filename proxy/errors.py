@@ -1,0 +1,71 @@
+"""The proxy's exception tree, mapped to OpenAI-shaped errors in one place (the server)."""
+
+from __future__ import annotations
+
+
+class ProxyError(Exception):
+    """Base of every error the proxy raises on purpose."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = "proxy_error"
+
+
+class BadRequest(ProxyError):
+    """The client's request is malformed: not JSON, wrong types, missing fields."""
+
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request"
+
+
+class PayloadTooLarge(BadRequest):
+    """The request body is over ``limits.max_body_mb``."""
+
+    status = 413
+    code = "request_too_large"
+
+
+class NotFound(ProxyError):
+    """No such route."""
+
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class Unauthorized(ProxyError):
+    """The admin token is missing or wrong."""
+
+    status = 401
+    type = "authentication_error"
+    code = "invalid_admin_token"
+
+
+class UpstreamError(ProxyError):
+    """The upstream could not be used."""
+
+    status = 502
+    type = "upstream_error"
+    code = "upstream_error"
+
+
+class UpstreamUnavailable(UpstreamError):
+    """The upstream refused the connection or the network failed."""
+
+    code = "upstream_unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    """The upstream did not answer within ``upstream.timeout_s``."""
+
+    status = 504
+    code = "upstream_timeout"
+
+
+class CompactionFailed(Exception):
+    """The detector or summarizer failed; never surfaces to the client (the proxy fails open)."""
+
+
+class StoreError(Exception):
+    """The store is unavailable (disk full, corrupt database, lost connection)."""

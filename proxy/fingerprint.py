@@ -1,0 +1,122 @@
+"""Message fingerprints and the prefix hash chain (DESIGN §3).
+
+A fingerprint names the *meaning* of one message: role, content, name, tool calls and
+tool-call id. Benign client variations (a string vs a list of one text part, absent vs null
+fields, key order, prompt-cache marks) hash the same; anything else hashes differently.
+The chain ``h[0] = H(tenant)``, ``h[k] = H(h[k-1] || fp(m[k-1]))`` names the exact first k
+messages of a tenant, so a stored compaction can only ever match the history it was made for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+import xxhash
+
+Message = dict[str, Any]
+
+# The fields that carry a message's meaning; everything else (provider extras, cache marks,
+# client-side ids) is ignored so that a resent history still matches.
+_MEANING_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "function_call")
+# Part keys that never change what the model reads.
+_IGNORED_PART_KEYS = frozenset({"cache_control"})
+
+
+def _clean(value: Any) -> Any:
+    """Drop null fields and cache marks recursively, so absent and null compare equal."""
+    if isinstance(value, dict):
+        return {
+            k: _clean(v) for k, v in value.items() if v is not None and k not in _IGNORED_PART_KEYS
+        }
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+def canonical_content(content: Any) -> Any:
+    """The content with a list of exactly one text part collapsed to its string."""
+    if isinstance(content, list):
+        if (
+            len(content) == 1
+            and isinstance(content[0], dict)
+            and content[0].get("type") == "text"
+            and isinstance(content[0].get("text"), str)
+        ):
+            return content[0]["text"]
+        return _clean(content)
+    return content
+
+
+def canonical_form(message: Message) -> bytes:
+    """Serialise the meaning of ``message`` deterministically (sorted keys, no nulls)."""
+    form: dict[str, Any] = {}
+    for key in _MEANING_FIELDS:
+        value = message.get(key)
+        if value is None:
+            continue
+        if key == "content":
+            value = canonical_content(value)
+            if value == "" and message.get("tool_calls"):
+                # Clients disagree on "" vs null for the content of a tool-calling turn.
+                continue
+        elif isinstance(value, dict | list):
+            value = _clean(value)
+        form[key] = value
+    return orjson.dumps(form, option=orjson.OPT_SORT_KEYS)
+
+
+def fingerprint(message: Message) -> bytes:
+    """A 128-bit fingerprint of the message's canonical form."""
+    return xxhash.xxh3_128_digest(canonical_form(message))
+
+
+def fingerprints(messages: Sequence[Message]) -> list[bytes]:
+    return [fingerprint(m) for m in messages]
+
+
+def chain_root(tenant: str) -> bytes:
+    """``h[0]``: the tenant namespace. Two tenants never share a chain."""
+    return xxhash.xxh3_128_digest(b"tenant\x00" + tenant.encode())
+
+
+def prefix_chain(tenant: str, fps: Sequence[bytes]) -> list[bytes]:
+    """All prefix hashes ``h[0..n]`` in one pass; ``h[k]`` names the first k messages."""
+    chain = [chain_root(tenant)]
+    digest = xxhash.xxh3_128_digest
+    for fp in fps:
+        chain.append(digest(chain[-1] + fp))
+    return chain
+
+
+def tenant_id(credential: str | None, tenant_header: str | None = None) -> str:
+    """A stable tenant name from the client's credential; the key itself is never kept.
+
+    A keyed, slow-to-reverse hash (blake2b) rather than the fast fingerprint hash, because
+    this value is stored and shown on dashboards.
+    """
+    material = (credential or "").encode() + b"\x00" + (tenant_header or "").encode()
+    return hashlib.blake2b(material, digest_size=16, person=b"cproxy-tenant").hexdigest()
+
+
+def first_user_index(messages: Sequence[Message]) -> int | None:
+    for i, m in enumerate(messages):
+        if m.get("role") == "user":
+            return i
+    return None
+
+
+def conversation_id(
+    chain: Sequence[bytes], messages: Sequence[Message], header: str | None = None
+) -> str:
+    """The client's ``X-Conversation-Id`` or ``h[first user message + 1]`` in hex.
+
+    It only groups records and stats; lookup itself relies on the chain.
+    """
+    if header:
+        return "c:" + header.strip()[:200]
+    idx = first_user_index(messages)
+    k = len(messages) if idx is None else idx + 1
+    return chain[k].hex()

@@ -1,0 +1,134 @@
+"""The ledger: what each request sent, forwarded and cost, kept per conversation and in total.
+
+It is written after the response (never on the hot path) and read by the stats API, the
+dashboard and ``compaction-proxy stats``. Numbers here and in /metrics are counted the same
+way: the proxy's own token counts of the original and forwarded histories.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .modelmap import model_info
+from .records import conv_key
+from .store import Store
+
+TOTALS_KEY = "totals"
+
+
+@dataclass(frozen=True)
+class RequestEntry:
+    """One forwarded request, as recorded."""
+
+    ts: float
+    tenant: str
+    conversation: str
+    model: str
+    route: str
+    case: str
+    status: int
+    original_messages: int
+    forwarded_messages: int
+    original_tokens: int
+    forwarded_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    cache_write_tokens: int
+    completion_tokens: int
+    latency_s: float
+    overhead_s: float
+
+    @property
+    def saved_tokens(self) -> int:
+        return max(self.original_tokens - self.forwarded_tokens, 0)
+
+    def saved_usd(self) -> float:
+        info = model_info(self.model)
+        price = info.input_cost_per_token if info and info.input_cost_per_token else 0.0
+        return self.saved_tokens * price
+
+
+def usage_numbers(usage: Any) -> tuple[int, int, int, int]:
+    """(prompt, cached read, cache write, completion) tokens from OpenAI or Anthropic usage."""
+    if not isinstance(usage, dict):
+        return 0, 0, 0, 0
+
+    def num(value: Any) -> int:
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+    prompt = num(usage.get("prompt_tokens", usage.get("input_tokens")))
+    details = usage.get("prompt_tokens_details") or {}
+    cached = num(details.get("cached_tokens") if isinstance(details, dict) else 0)
+    cached = cached or num(usage.get("cache_read_input_tokens"))
+    write = num(usage.get("cache_creation_input_tokens"))
+    completion = num(usage.get("completion_tokens", usage.get("output_tokens")))
+    return prompt, cached, write, completion
+
+
+def _add(totals: dict[str, Any], entry: RequestEntry) -> dict[str, Any]:
+    totals["requests"] = totals.get("requests", 0) + 1
+    totals["original_tokens"] = totals.get("original_tokens", 0) + entry.original_tokens
+    totals["forwarded_tokens"] = totals.get("forwarded_tokens", 0) + entry.forwarded_tokens
+    totals["saved_tokens"] = totals.get("saved_tokens", 0) + entry.saved_tokens
+    totals["saved_usd"] = totals.get("saved_usd", 0.0) + entry.saved_usd()
+    totals["prompt_tokens"] = totals.get("prompt_tokens", 0) + entry.prompt_tokens
+    totals["cached_tokens"] = totals.get("cached_tokens", 0) + entry.cached_tokens
+    totals["cache_write_tokens"] = totals.get("cache_write_tokens", 0) + entry.cache_write_tokens
+    totals["completion_tokens"] = totals.get("completion_tokens", 0) + entry.completion_tokens
+    if entry.status >= 400:
+        totals["errors"] = totals.get("errors", 0) + 1
+    return totals
+
+
+def record_request(
+    store: Store,
+    entry: RequestEntry,
+    original: list[dict[str, Any]] | None,
+    retention_s: float | None,
+) -> None:
+    """Write one request to the conversation, the totals and the hourly series (sync)."""
+    hour = time.strftime("%Y%m%d%H", time.gmtime(entry.ts))
+
+    def conv_update(meta: Any) -> dict[str, Any]:
+        meta = meta if isinstance(meta, dict) else {"first_seen": entry.ts}
+        meta.update(
+            tenant=entry.tenant,
+            conversation=entry.conversation,
+            model=entry.model,
+            last_seen=entry.ts,
+            last_case=entry.case,
+            messages=entry.original_messages,
+        )
+        return _add(meta, entry)
+
+    store.update(conv_key("conv", entry.tenant, entry.conversation), conv_update, retention_s)
+    store.update(TOTALS_KEY, lambda t: _add(t if isinstance(t, dict) else {}, entry), None)
+    store.update(
+        f"hour:{hour}",
+        lambda t: _add(t if isinstance(t, dict) else {"hour": hour}, entry),
+        retention_s,
+    )
+    store.append(
+        conv_key("req", entry.tenant, entry.conversation),
+        entry.__dict__ | {"saved_tokens": entry.saved_tokens},
+        retention_s,
+        500,
+    )
+    if original is not None:
+        store.set(conv_key("orig", entry.tenant, entry.conversation), original, retention_s)
+
+
+def record_compaction_cost(store: Store, llm_tokens: int) -> None:
+    store.update(
+        TOTALS_KEY,
+        lambda t: (
+            (t if isinstance(t, dict) else {})
+            | {
+                "compactions": (t or {}).get("compactions", 0) + 1,
+                "llm_tokens": (t or {}).get("llm_tokens", 0) + llm_tokens,
+            }
+        ),
+        None,
+    )

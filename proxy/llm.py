@@ -1,0 +1,144 @@
+"""The LLM client the detector and summarizer use (DESIGN §5).
+
+OpenAI-compatible over httpx to the configured upstream by default, with the client's own
+credential unless a key is configured; through ``litellm.acompletion`` when the model names
+another provider (``anthropic/...``). It never raises anything but ``CompactionFailed``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from .errors import CompactionFailed
+from .messages import Message
+
+log = logging.getLogger("compaction_proxy.llm")
+
+# Provider prefixes that the plain OpenAI-compatible path serves itself.
+_OPENAI_PREFIXES = ("openai/", "gpt-", "o1", "o3", "o4", "chatgpt-")
+
+
+@dataclass(frozen=True)
+class LLMReply:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+
+
+class LLM(Protocol):
+    async def complete(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        purpose: str,
+        credential: str | None,
+    ) -> LLMReply: ...
+
+
+def _needs_litellm(model: str) -> bool:
+    if "/" not in model:
+        return False
+    return not model.startswith(_OPENAI_PREFIXES)
+
+
+def _reply_from(body: dict[str, Any], model: str) -> LLMReply:
+    try:
+        choice = body["choices"][0]
+        message = choice.get("message") or {}
+        text = message.get("content")
+        usage = body.get("usage") or {}
+        return LLMReply(
+            text=text if isinstance(text, str) else "",
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            model=model,
+        )
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise CompactionFailed(f"malformed completion: {exc}") from exc
+
+
+class HttpLLM:
+    """Chat completions over the proxy's pooled httpx client."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self._client = client
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._api_key = api_key
+        self._timeout = timeout_s
+
+    async def complete(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        purpose: str,
+        credential: str | None,
+    ) -> LLMReply:
+        if _needs_litellm(model):
+            return await _litellm_complete(model, messages, max_tokens, self._timeout)
+        headers = {"content-type": "application/json", "x-compaction-purpose": purpose}
+        key = self._api_key or credential
+        if key:
+            headers["authorization"] = key if key.lower().startswith("bearer ") else f"Bearer {key}"
+        payload = {
+            "model": model.removeprefix("openai/"),
+            "messages": list(messages),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": False,
+        }
+        try:
+            response = await self._client.post(
+                self._url, content=orjson.dumps(payload), headers=headers, timeout=self._timeout
+            )
+        except httpx.TimeoutException as exc:
+            raise CompactionFailed(f"{purpose} timed out") from exc
+        except httpx.HTTPError as exc:
+            raise CompactionFailed(f"{purpose} unreachable: {type(exc).__name__}") from exc
+        if response.status_code != 200:
+            raise CompactionFailed(f"{purpose} upstream status {response.status_code}")
+        try:
+            body = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise CompactionFailed(f"{purpose} reply is not JSON") from exc
+        if not isinstance(body, dict):
+            raise CompactionFailed(f"{purpose} reply is not an object")
+        return _reply_from(body, model)
+
+
+async def _litellm_complete(
+    model: str, messages: Sequence[Message], max_tokens: int, timeout: float
+) -> LLMReply:
+    try:
+        import litellm
+
+        response = await litellm.acompletion(
+            model=model,
+            messages=list(messages),
+            max_tokens=max_tokens,
+            temperature=0,
+            timeout=timeout,
+        )
+        body = response.model_dump() if hasattr(response, "model_dump") else dict(response)
+    except Exception as exc:  # litellm raises many provider-specific types
+        raise CompactionFailed(f"litellm call failed: {type(exc).__name__}") from exc
+    return _reply_from(body, model)

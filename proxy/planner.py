@@ -1,0 +1,233 @@
+"""The compaction planner: pure decisions over a forwarded history (DESIGN §5).
+
+Data in, a decision out; no I/O and no clock. The server and the LiteLLM hook call the same
+functions, so there is one compress-or-not condition in the codebase (``decide``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from .messages import SUMMARY_PREFIX, Message
+from .settings import CompactionSettings
+
+Action = Literal["forward", "background", "inline"]
+Case = Literal["none", "summarize", "truncate", "emergency"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What to do with one request, and why (the reason goes to logs and events)."""
+
+    action: Action
+    reason: str
+    use_llm: bool = True
+    limit_tokens: int | None = None
+
+
+def hard_limit(settings: CompactionSettings, context_window: int | None) -> int:
+    """The size above which a request is compacted before forwarding, whatever the mode."""
+    limit = settings.emergency_tokens
+    if context_window:
+        limit = min(limit, context_window)
+    return limit
+
+
+def decide(
+    forwarded_tokens: int,
+    settings: CompactionSettings,
+    *,
+    context_window: int | None = None,
+    bypass: bool = False,
+    cooling_down: bool = False,
+) -> Decision:
+    """The one compaction decision, used by every route and by the hook."""
+    if bypass:
+        return Decision("forward", "bypassed by x-compaction: off", use_llm=False)
+    if not settings.enabled:
+        return Decision("forward", "compaction disabled", use_llm=False)
+    if forwarded_tokens <= settings.trigger_tokens:
+        return Decision("forward", "below trigger", use_llm=False)
+    limit = hard_limit(settings, context_window)
+    if forwarded_tokens > limit:
+        why = (
+            "over context window"
+            if context_window and limit == context_window
+            else ("over emergency limit")
+        )
+        # Cooling down after a failure: do not call the LLMs again, but still make it fit.
+        return Decision("inline", why, use_llm=not cooling_down, limit_tokens=limit)
+    if cooling_down:
+        return Decision("forward", "cooling down after a failed compaction", use_llm=False)
+    if settings.mode == "inline":
+        return Decision("inline", "over trigger (inline mode)", limit_tokens=limit)
+    return Decision("background", "over trigger (background mode)", limit_tokens=limit)
+
+
+def summary_index(messages: Sequence[Message], head_len: int) -> int | None:
+    """Index of a summary written by us right after the head, if there is one."""
+    if head_len < len(messages):
+        content = messages[head_len].get("content")
+        if isinstance(content, str) and content.startswith(SUMMARY_PREFIX):
+            return head_len
+    return None
+
+
+def cut_points(messages: Sequence[Message], start: int = 0) -> list[int]:
+    """Legal cut indices >= ``start``: a user message with no tool call left unanswered before it.
+
+    A cut at i keeps ``messages[i:]``. It is illegal when a tool result at or after i answers a
+    call issued before i, so an assistant ``tool_calls`` message is never separated from its
+    results. A call that is never answered separates nothing.
+    """
+    issued_at: dict[str, int] = {}
+    # blocked[i] > 0 while some call issued before i is answered at or after i.
+    delta = [0] * (len(messages) + 1)
+    for j, m in enumerate(messages):
+        for call in m.get("tool_calls") or []:
+            if isinstance(call, dict) and isinstance(call.get("id"), str):
+                issued_at[call["id"]] = j
+        if m.get("role") == "tool":
+            a = issued_at.get(str(m.get("tool_call_id")))
+            if a is not None and a + 1 <= j:
+                delta[a + 1] += 1
+                delta[j + 1] -= 1
+    cuts: list[int] = []
+    blocked = 0
+    for i, m in enumerate(messages):
+        blocked += delta[i]
+        if i >= start and m.get("role") == "user" and blocked == 0:
+            cuts.append(i)
+    return cuts
+
+
+def verbatim_start(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    body_start: int,
+    settings: CompactionSettings,
+    cuts: Sequence[int],
+) -> int | None:
+    """Where the verbatim window begins: a legal cut > ``body_start``, or None.
+
+    Scans back from the end while the window budget lasts, extends the window until it holds
+    at least ``min_verbatim_exchanges`` user turns, then moves back to a legal turn start.
+    """
+    budget = settings.verbatim_window_tokens
+    tokens = 0
+    users = 0
+    point = len(messages)
+    for i in range(len(messages) - 1, body_start - 1, -1):
+        fits = tokens + counts[i] <= budget
+        if not fits and users >= settings.min_verbatim_exchanges:
+            break
+        tokens += counts[i]
+        if messages[i].get("role") == "user":
+            users += 1
+        point = i
+    if users < settings.min_verbatim_exchanges:
+        return None
+    legal = [c for c in cuts if body_start < c <= point]
+    return legal[-1] if legal else None
+
+
+def latest_cut_keeping(
+    messages: Sequence[Message], cuts: Sequence[int], min_exchanges: int
+) -> int | None:
+    """The latest legal cut that still keeps ``min_exchanges`` user turns verbatim."""
+    best = None
+    users_after = [0] * (len(messages) + 1)
+    for i in range(len(messages) - 1, -1, -1):
+        users_after[i] = users_after[i + 1] + (messages[i].get("role") == "user")
+    for c in cuts:
+        if users_after[c] >= max(1, min_exchanges):
+            best = c
+    return best
+
+
+def nearest_cut(index: int, cuts: Sequence[int], lower: int, upper: int | None) -> int | None:
+    """The legal cut closest to ``index`` within (lower, upper]; ties go to the later cut."""
+    candidates = [c for c in cuts if c > lower and (upper is None or c <= upper)]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda c: (abs(c - index), -c))
+
+
+@dataclass(frozen=True)
+class CutPlan:
+    """Where a compaction of a forwarded history may cut."""
+
+    head_len: int
+    body_start: int
+    verbatim_start: int
+    latest_cut: int
+    cuts: tuple[int, ...]
+
+
+def plan_cut(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    head_len: int,
+    settings: CompactionSettings,
+) -> CutPlan | None:
+    """The cut plan for ``messages`` (head, optional earlier summary, body), or None."""
+    s_idx = summary_index(messages, head_len)
+    body_start = head_len + (1 if s_idx is not None else 0)
+    cuts = cut_points(messages, body_start)
+    start = verbatim_start(messages, counts, body_start, settings, cuts)
+    if start is None:
+        return None
+    latest = latest_cut_keeping(messages, cuts, settings.min_verbatim_exchanges)
+    if latest is None or latest < start:
+        latest = start
+    return CutPlan(head_len, body_start, start, latest, tuple(cuts))
+
+
+def choose_case(
+    plan: CutPlan,
+    boundary: int | None,
+    confidence: float,
+    settings: CompactionSettings,
+) -> tuple[Case, int]:
+    """Truncate at a confident topic boundary inside the verbatim window, else summarize."""
+    if boundary is not None and confidence >= settings.min_confidence:
+        cut = nearest_cut(boundary, plan.cuts, plan.body_start, plan.latest_cut)
+        if cut is not None and cut >= plan.verbatim_start:
+            return "truncate", cut
+    return "summarize", plan.verbatim_start
+
+
+def emergency_cut(
+    messages: Sequence[Message],
+    counts: Sequence[int],
+    head_len: int,
+    limit_tokens: int,
+    note_tokens: int,
+) -> int | None:
+    """The earliest legal cut whose result fits ``limit_tokens``; else the last legal cut.
+
+    Emergency truncation drops the oldest whole turns when no LLM path could help.
+    """
+    s_idx = summary_index(messages, head_len)
+    body_start = head_len + (1 if s_idx is not None else 0)
+    cuts = [c for c in cut_points(messages, body_start) if c > body_start]
+    if not cuts:
+        return None
+    head_tokens = sum(counts[:head_len]) + note_tokens
+    suffix = [0] * (len(messages) + 1)
+    for i in range(len(messages) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + counts[i]
+    for c in cuts:
+        if head_tokens + suffix[c] <= limit_tokens:
+            return c
+    return cuts[-1]
+
+
+def summary_message(text: str, covered_messages: int, role: str) -> Message:
+    """The summary message exactly as it is forwarded (its bytes must never change)."""
+    return {
+        "role": role,
+        "content": f"{SUMMARY_PREFIX}{covered_messages} earlier messages]\n\n{text.strip()}",
+    }

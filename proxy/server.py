@@ -1,0 +1,397 @@
+"""The standalone proxy: a Starlette app over the shared core (DESIGN §2, §9).
+
+``create_app(config, transport=..., store=...)`` builds the app; its lifespan owns the httpx
+client, the store and the metrics registry, so building two apps in one process is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from . import ledger
+from .compactor import Compactor, Prepared, Prompts, with_messages
+from .config import Config, load_prompt
+from .errors import BadRequest, PayloadTooLarge, ProxyError, StoreError
+from .fingerprint import tenant_id
+from .forward import (
+    make_client,
+    mapped_errors,
+    request_headers,
+    response_headers,
+    upstream_url,
+)
+from .llm import HttpLLM
+from .sse import EventSplitter, event_json, is_usage_only
+from .store import Store, open_store
+from .validation import parse_json_object, validate_chat
+
+log = logging.getLogger("compaction_proxy.server")
+
+
+def error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "code": code, "param": None}}
+
+
+def error_response(exc: ProxyError) -> JSONResponse:
+    headers = {"x-should-retry": "true" if exc.status >= 500 else "false"}
+    return JSONResponse(
+        error_body(str(exc), exc.type, exc.code), status_code=exc.status, headers=headers
+    )
+
+
+@dataclass
+class Resources:
+    """What the lifespan owns; routes reach it through ``request.app.state.res``."""
+
+    config: Config
+    client: httpx.AsyncClient
+    store: Store
+    compactor: Compactor
+    metrics: Any = None
+
+
+def credential_of(request: Request) -> str | None:
+    """The client's API key as sent (Bearer token or x-api-key); only ever hashed or relayed."""
+    auth = request.headers.get("authorization")
+    if auth:
+        return auth[7:].strip() if auth.lower().startswith("bearer ") else auth.strip()
+    return request.headers.get("x-api-key")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than ``limit`` bytes without reading them all."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+    chunks = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise BadRequest("client disconnected while sending the body") from exc
+    return b"".join(chunks)
+
+
+def compaction_headers(prepared: Prepared | None) -> dict[str, str]:
+    if prepared is None:
+        return {"x-compaction-case": "error"}
+    return {
+        "x-compaction-case": prepared.case,
+        "x-compaction-original-tokens": str(prepared.original_tokens),
+        "x-compaction-forwarded-tokens": str(prepared.forwarded_tokens),
+        "x-compaction-conversation": prepared.conversation,
+    }
+
+
+async def chat_completions(request: Request) -> Response:
+    res: Resources = request.app.state.res
+    started = time.perf_counter()
+    raw = await read_body(request, res.config.max_body_bytes)
+    body = parse_json_object(raw)
+    validate_chat(body)
+    credential = credential_of(request)
+    tenant = tenant_id(credential, request.headers.get("x-compaction-tenant"))
+    bypass = request.headers.get("x-compaction", "").strip().lower() == "off"
+    prepared: Prepared | None
+    try:
+        prepared = await res.compactor.prepare(
+            body["messages"],
+            model=body["model"],
+            tenant=tenant,
+            credential=credential,
+            conversation_header=request.headers.get("x-conversation-id"),
+            bypass=bypass,
+        )
+    except Exception:  # fail open: a compaction problem never fails the request
+        log.exception("compaction core failed; forwarding unchanged")
+        prepared = None
+
+    stream = body.get("stream") is True
+    out = body
+    if prepared is not None and prepared.changed:
+        out = with_messages(body, prepared.forwarded)
+    drop_usage = False
+    if stream:
+        options = body.get("stream_options")
+        if not (isinstance(options, dict) and options.get("include_usage")):
+            # Ask for usage so the ledger sees it; the client did not, so it never sees it.
+            out = dict(out)
+            out["stream_options"] = {**(options or {}), "include_usage": True}
+            drop_usage = True
+    payload = raw if out is body else orjson.dumps(out)
+    headers = request_headers(
+        request.headers.items(), res.config.upstream.api_key, drop=frozenset({"accept-encoding"})
+    )
+    headers["content-type"] = "application/json"
+    url = upstream_url(res.config.upstream.base_url, "/v1/chat/completions", "")
+    overhead = time.perf_counter() - started
+    own = compaction_headers(prepared)
+
+    if not stream:
+        async with mapped_errors():
+            upstream = await res.client.post(url, content=payload, headers=headers)
+        usage = None
+        if upstream.status_code == 200:
+            try:
+                usage = orjson.loads(upstream.content).get("usage")
+            except (orjson.JSONDecodeError, AttributeError):
+                usage = None
+        _finish(res, prepared, usage, upstream.status_code, started, overhead)
+        return Response(
+            upstream.content,
+            status_code=upstream.status_code,
+            headers=response_headers(upstream.headers, drop=frozenset({"content-encoding"})) | own,
+        )
+
+    upstream_request = res.client.build_request("POST", url, content=payload, headers=headers)
+    async with mapped_errors():
+        upstream = await res.client.send(upstream_request, stream=True)
+    if upstream.status_code != 200:
+        try:
+            async with mapped_errors():
+                content = await upstream.aread()
+        finally:
+            await upstream.aclose()
+        _finish(res, prepared, None, upstream.status_code, started, overhead)
+        return Response(
+            content,
+            status_code=upstream.status_code,
+            headers=response_headers(upstream.headers, drop=frozenset({"content-encoding"})) | own,
+        )
+    return StreamingResponse(
+        _relay(res, upstream, prepared, drop_usage, started, overhead),
+        status_code=200,
+        headers=response_headers(upstream.headers, drop=frozenset({"content-encoding"})) | own,
+    )
+
+
+async def _relay(
+    res: Resources,
+    upstream: httpx.Response,
+    prepared: Prepared | None,
+    drop_usage: bool,
+    started: float,
+    overhead: float,
+) -> AsyncIterator[bytes]:
+    """Relay SSE events as they complete; read usage from the final chunk."""
+    splitter = EventSplitter()
+    usage = None
+    completed = False
+    try:
+        async for chunk in upstream.aiter_raw():
+            for event in splitter.feed(chunk):
+                if b'"usage"' in event:
+                    obj = event_json(event)
+                    if isinstance(obj, dict) and obj.get("usage"):
+                        usage = obj["usage"]
+                        if drop_usage and is_usage_only(obj):
+                            continue
+                yield event
+        rest = splitter.flush()
+        if rest:
+            yield rest
+        completed = True
+    except httpx.HTTPError as exc:
+        log.warning("upstream stream broke", extra={"error": type(exc).__name__})
+        message = error_body("upstream stream interrupted", "upstream_error", "upstream_error")
+        yield b"data: " + orjson.dumps(message) + b"\n\n"
+    finally:
+        # Also runs when the client goes away: closing cancels the upstream request.
+        await upstream.aclose()
+        _finish(res, prepared, usage, 200 if completed else 499, started, overhead)
+
+
+def _finish(
+    res: Resources,
+    prepared: Prepared | None,
+    usage: Any,
+    status: int,
+    started: float,
+    overhead: float,
+) -> None:
+    """After the response: the log line, the ledger, and any background compaction."""
+    latency = time.perf_counter() - started
+    prompt, cached, write, completion = ledger.usage_numbers(usage)
+    log.info(
+        "request",
+        extra={
+            "route": "chat.completions",
+            "conversation": prepared.conversation if prepared else None,
+            "case": prepared.case if prepared else "error",
+            "tokens_before": prepared.original_tokens if prepared else None,
+            "tokens_after": prepared.forwarded_tokens if prepared else None,
+            "upstream_status": status,
+            "latency_ms": round(latency * 1000, 2),
+            "overhead_ms": round(overhead * 1000, 3),
+            "cached_tokens": cached,
+        },
+    )
+    if res.metrics is not None:
+        res.metrics.observe_request(prepared, status, latency, overhead, cached)
+    if prepared is None:
+        return
+    if status == 200:
+        res.compactor.schedule(prepared)
+    entry = ledger.RequestEntry(
+        ts=time.time(),
+        tenant=prepared.tenant,
+        conversation=prepared.conversation,
+        model=prepared.model,
+        route="chat.completions",
+        case=prepared.case,
+        status=status,
+        original_messages=len(prepared.original),
+        forwarded_messages=len(prepared.forwarded),
+        original_tokens=prepared.original_tokens,
+        forwarded_tokens=prepared.forwarded_tokens,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        cache_write_tokens=write,
+        completion_tokens=completion,
+        latency_s=round(latency, 4),
+        overhead_s=round(overhead, 6),
+    )
+    task = asyncio.get_running_loop().create_task(_write_ledger(res, entry, prepared))
+    res.compactor._tasks.add(task)
+    task.add_done_callback(res.compactor._tasks.discard)
+
+
+async def _write_ledger(res: Resources, entry: ledger.RequestEntry, prepared: Prepared) -> None:
+    try:
+        await asyncio.to_thread(
+            ledger.record_request, res.store, entry, prepared.original, res.config.retention_s
+        )
+    except StoreError as exc:
+        log.warning("ledger write failed", extra={"error": str(exc)})
+
+
+async def passthrough(request: Request) -> Response:
+    """Every other ``/v1/*`` path and method, relayed unchanged (bar hop-by-hop headers)."""
+    res: Resources = request.app.state.res
+    raw = await read_body(request, res.config.max_body_bytes)
+    url = upstream_url(res.config.upstream.base_url, request.url.path, request.url.query)
+    headers = request_headers(request.headers.items(), res.config.upstream.api_key)
+    upstream_request = res.client.build_request(request.method, url, content=raw, headers=headers)
+    async with mapped_errors():
+        upstream = await res.client.send(upstream_request, stream=True)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            log.warning("upstream passthrough broke", extra={"error": type(exc).__name__})
+        finally:
+            await upstream.aclose()
+
+    return StreamingResponse(
+        body(), status_code=upstream.status_code, headers=response_headers(upstream.headers)
+    )
+
+
+async def healthz(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def not_found(request: Request) -> Response:
+    raise HTTPException(404)
+
+
+async def _proxy_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, ProxyError)
+    if exc.status >= 500:
+        log.warning("upstream failure", extra={"error": str(exc), "status": exc.status})
+    return error_response(exc)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"unknown route: {request.method} {request.url.path}"
+        return JSONResponse(
+            error_body(message, "invalid_request_error", "not_found"), status_code=404
+        )
+    if exc.status_code == 405:
+        message = f"method {request.method} not allowed on {request.url.path}"
+        return JSONResponse(
+            error_body(message, "invalid_request_error", "method_not_allowed"), status_code=405
+        )
+    return JSONResponse(
+        error_body(str(exc.detail), "invalid_request_error", None), status_code=exc.status_code
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error", exc_info=exc)
+    return JSONResponse(
+        error_body("internal proxy error", "server_error", "internal_error"), status_code=500
+    )
+
+
+def create_app(
+    config: Config,
+    *,
+    transport: httpx.AsyncBaseTransport | None = None,
+    store: Store | None = None,
+) -> Starlette:
+    """The ASGI app. ``transport`` and ``store`` swap the wire and the state in tests."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        client = make_client(config.upstream, transport)
+        own_store = store or open_store(config.store.url)
+        llm = HttpLLM(
+            client,
+            config.upstream.base_url,
+            api_key=config.upstream.api_key,
+            timeout_s=config.compaction.llm_timeout_s,
+        )
+        prompts = Prompts(detector=load_prompt("detector"), summarizer=load_prompt("summarizer"))
+        compactor = Compactor(
+            config.compaction, own_store, llm, prompts, retention_s=config.retention_s
+        )
+        app.state.res = Resources(config, client, own_store, compactor)
+        try:
+            yield
+        finally:
+            await compactor.drain(timeout=30)
+            await client.aclose()
+            if store is None:
+                own_store.close()
+
+    routes = [
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route(
+            "/v1/{path:path}",
+            passthrough,
+            methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],
+        ),
+    ]
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            ProxyError: _proxy_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+    )

@@ -1,0 +1,34 @@
+"""Compaction settings: one frozen value read once, shared by the proxy and the LiteLLM hook."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class CompactionSettings:
+    """The ``compaction:`` block of the config (DESIGN §5). Defaults are the documented ones."""
+
+    enabled: bool = True
+    trigger_tokens: int = 24_000
+    verbatim_window_tokens: int = 4_000
+    summary_budget_tokens: int = 500
+    min_verbatim_exchanges: int = 2
+    min_confidence: float = 0.5
+    emergency_factor: float = 2.0
+    detection_model: str | None = None
+    summary_model: str | None = None
+    summary_role: Literal["system", "user"] = "system"
+    truncate_keeps_note: bool = True
+    mode: Literal["background", "inline"] = "background"
+    policy: Literal["tokens", "cost"] = "tokens"
+    cooldown_s: float = 300.0
+    llm_timeout_s: float = 120.0
+    detector_window_messages: int = 50
+    detector_chars_per_message: int = 1000
+    key_references_max_chars: int = 600
+
+    @property
+    def emergency_tokens(self) -> int:
+        return int(self.trigger_tokens * self.emergency_factor)

@@ -1,0 +1,95 @@
+"""Start ``compaction-proxy serve --config`` as a real process on a free port."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli_path() -> str:
+    found = Path(sys.executable).parent / "compaction-proxy"
+    if found.exists():
+        return str(found)
+    which = shutil.which("compaction-proxy")
+    assert which, "compaction-proxy is not installed (pip install -e '.[dev]')"
+    return which
+
+
+class ProxyProcess:
+    """A proxy process with its own config file, store folder and log file."""
+
+    def __init__(self, tmp: Path, upstream_url: str, **sections: Any) -> None:
+        self.port = free_port()
+        self.tmp = tmp
+        store_dir = tmp / "store"
+        config: dict[str, Any] = {
+            "listen": {"host": "127.0.0.1", "port": self.port},
+            "upstream": {"base_url": upstream_url, "timeout_s": 10},
+            "store": {"url": f"diskcache://{store_dir}"},
+        }
+        for name, values in sections.items():
+            config.setdefault(name, {}).update(values)
+        self.config_path = tmp / "proxy.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.log_path = tmp / "proxy.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> "ProxyProcess":
+        log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            [cli_path(), "serve", "--config", str(self.config_path), *(extra_args or [])],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"proxy exited: {self.log_path.read_text()}")
+            try:
+                if httpx.get(f"{self.root}/healthz", timeout=0.5).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        raise RuntimeError(f"proxy did not start: {self.log_path.read_text()}")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+    def logs(self) -> str:
+        return self.log_path.read_text()
+
+    def __enter__(self) -> "ProxyProcess":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

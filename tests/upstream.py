@@ -1,0 +1,412 @@
+"""A scripted, recording OpenAI-compatible upstream for integration tests.
+
+The proxy under test forwards client traffic here and also makes its own internal
+calls (tagged with ``x-compaction-purpose: detector|summarizer``).  Every request is
+recorded so tests can assert on exactly what the proxy sent upstream.
+
+Failure injection is per request through headers (the proxy passes client headers
+through), or per server through the ``*_mode`` attributes for internal calls that a
+test cannot attach headers to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import random
+import re
+import socket
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+PURPOSE_HEADER = "x-compaction-purpose"
+MODEL_IDS = ("scripted-large", "scripted-small")
+DEFAULT_DETECTOR_REPLY = (
+    '{"boundary_index": null, "boundary_reason": "", "confidence": 0.0, "summary": ""}')
+TOOL_MARKER = re.compile(r"\[\[tool:([A-Za-z_][\w.-]*):(.*?)\]\]", re.S)
+CACHE_MIN_TOKENS = 1024  # OpenAI only caches prompts of >= 1024 tokens ...
+CACHE_GRANULE = 128  # ... in increments of 128 tokens.
+MODES = ("ok", "error500", "garbage", "slow", "empty")
+
+_FILLER_WORDS = (
+    "the refactor keeps the invoice pipeline stable while we trace each failing path through "
+    "parser cache retry queue handler schema migration logging config worker and test fixture "
+    "so that later changes stay small reviewable reversible and easy to verify against staging"
+).split()
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    json: Any
+    purpose: str | None
+    query: str = ""
+    at: float = field(default_factory=time.monotonic)
+
+
+def default_count_tokens(messages: Any) -> int:
+    return len(orjson.dumps(messages)) // 4
+
+
+def message_text(message: dict) -> str:
+    """Text of a message whose content is a string or a list of content parts."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+def filler_sentence(n: int, words: int = 40) -> str:
+    rng = random.Random(f"filler:{n}")
+    return " ".join(rng.choice(_FILLER_WORDS) for _ in range(words)).capitalize() + "."
+
+
+def default_reply(request_json: dict) -> dict:
+    messages = request_json.get("messages") or []
+    last = messages[-1] if messages else {}
+    if last.get("role") == "user":
+        match = TOOL_MARKER.search(message_text(last))
+        if match:
+            name, args = match.group(1), match.group(2)
+            digest = hashlib.sha1(f"{len(messages)}:{name}".encode()).hexdigest()[:12]
+            call = {"id": f"call_{digest}", "type": "function",
+                    "function": {"name": name, "arguments": args}}
+            return {"role": "assistant", "content": None, "tool_calls": [call]}
+    turn = sum(1 for m in messages if m.get("role") == "user")
+    return {"role": "assistant", "content": f"Acknowledged turn {turn}. {filler_sentence(turn)}"}
+
+
+def default_detector(request_json: dict) -> str:
+    return DEFAULT_DETECTOR_REPLY
+
+
+def default_summarizer(request_json: dict) -> str:
+    """Extractive: keep only the FACT lines/sentences of the transcript, so a test can
+    check which facts survive successive compactions without a real model."""
+    users = [m for m in request_json.get("messages") or [] if m.get("role") == "user"]
+    transcript = message_text(users[-1]) if users else ""
+    facts: list[str] = []
+    for line in transcript.splitlines():
+        for sentence in re.split(r"(?<=[.!?])\s+", line):
+            sentence = sentence.strip()
+            if "FACT" in sentence and sentence not in facts:
+                facts.append(sentence)
+    return "\n".join(facts) if facts else transcript[:200]
+
+
+def common_prefix_len(a: bytes, b: bytes) -> int:
+    # Binary search over slice equality: memcmp-fast, unlike a per-byte Python loop.
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def error_body(status: int, message: str | None = None) -> dict:
+    kind = {400: "invalid_request_error", 401: "authentication_error",
+            403: "permission_error", 404: "not_found_error",
+            429: "rate_limit_error"}.get(status, "server_error" if status >= 500 else "api_error")
+    return {"error": {"message": message or f"scripted upstream error {status}",
+                      "type": kind, "code": f"scripted_{status}", "param": None}}
+
+
+class ScriptedUpstream:
+    def __init__(
+        self,
+        *,
+        reply: Callable[[dict], dict] = default_reply,
+        detector: Callable[[dict], str] = default_detector,
+        summarizer: Callable[[dict], str] = default_summarizer,
+        count_tokens: Callable[[Any], int] = default_count_tokens,
+        detector_mode: str = "ok",
+        summarizer_mode: str = "ok",
+        error_mode: str = "ok",
+        cache_simulation: bool = True,
+        slow_seconds: float = 30.0,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.reply, self.detector, self.summarizer = reply, detector, summarizer
+        self.count_tokens = count_tokens
+        self.detector_mode, self.summarizer_mode = detector_mode, summarizer_mode
+        self.error_mode = error_mode
+        self.cache_simulation = cache_simulation
+        self.slow_seconds = slow_seconds
+        self.host, self.port = host, 0
+        self.requests: list[Recorded] = []
+        self.cached_log: list[tuple[int, int]] = []
+        self._history: deque[bytes] = deque(maxlen=64)
+        self._lock = threading.Lock()
+        self._ids = 0
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.app = Starlette(routes=[
+            Route("/v1/chat/completions", self._wrap(self._chat), methods=["POST"]),
+            Route("/v1/models", self._wrap(self._models), methods=["GET"]),
+            Route("/v1/embeddings", self._wrap(self._embeddings), methods=["POST"]),
+            Route("/v1/slow", self._wrap(self._slow), methods=["GET"]),
+            Route("/{path:path}", self._wrap(self._echo),
+                  methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
+        ])
+
+    # ----------------------------------------------------------------- lifecycle
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def start(self) -> ScriptedUpstream:
+        # Bind ourselves so the port is known (and reserved) before uvicorn starts.
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, lifespan="off", log_level="warning",
+                                access_log=False, timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name=f"scripted-upstream-{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("scripted upstream failed to start")
+            time.sleep(0.01)
+        with socket.create_connection((self.host, self.port), timeout=5):
+            pass
+        return self
+
+    def stop(self) -> None:
+        if self._server is None or self._thread is None:
+            return
+        self._server.should_exit = True
+        self._thread.join(timeout=5)
+        if self._thread.is_alive():  # a "slow" handler is still sleeping
+            self._server.force_exit = True
+            self._thread.join(timeout=5)
+        self._server = self._thread = None
+
+    def __enter__(self) -> ScriptedUpstream:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------- records
+    def chat_requests(self, purpose: str | None = None) -> list[Recorded]:
+        with self._lock:
+            return [r for r in self.requests
+                    if r.path == "/v1/chat/completions" and r.purpose == purpose]
+
+    def clear(self) -> None:
+        with self._lock:
+            self.requests.clear()
+            self.cached_log.clear()
+            self._history.clear()
+
+    def reset(self) -> None:
+        """clear() plus all run-time switches back to healthy, for module-scoped servers."""
+        self.clear()
+        self.detector_mode = self.summarizer_mode = self.error_mode = "ok"
+
+    # ------------------------------------------------------------------ plumbing
+    def _wrap(self, handler: Callable[[Request, Recorded], Any]) -> Callable[[Request], Any]:
+        """Record the request, then apply header-driven failure injection."""
+
+        async def endpoint(request: Request) -> Response:
+            body = await request.body()
+            try:
+                parsed = orjson.loads(body) if body else None
+            except orjson.JSONDecodeError:
+                parsed = None
+            headers = {k.lower(): v for k, v in request.headers.items()}
+            rec = Recorded(request.method, request.url.path, headers, body, parsed,
+                           headers.get(PURPOSE_HEADER), request.url.query)
+            with self._lock:
+                self.requests.append(rec)
+            delay = _float(headers.get("x-test-delay"))
+            if delay:
+                await self._sleep(delay)
+            status = _float(headers.get("x-test-status"))
+            if status and int(status) != 200:
+                return JSONResponse(error_body(int(status)), status_code=int(status))
+            return await handler(request, rec)
+
+        return endpoint
+
+    async def _sleep(self, seconds: float) -> None:
+        # Sleep in slices so stop() never waits on (or has to cancel) a scripted delay.
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self._server is None or self._server.should_exit:
+                return
+            await asyncio.sleep(min(left, 0.05))
+
+    def _next_id(self) -> str:
+        with self._lock:
+            self._ids += 1
+            return f"chatcmpl-scripted{self._ids:06d}"
+
+    def _cached_tokens(self, messages: Any, prompt_tokens: int) -> int:
+        serial = orjson.dumps(messages)
+        with self._lock:
+            best = max((common_prefix_len(serial, old) for old in self._history), default=0)
+            self._history.append(serial)
+        if not self.cache_simulation or not serial:
+            return 0
+        tokens = int(best / len(serial) * prompt_tokens)
+        return 0 if tokens < CACHE_MIN_TOKENS else tokens // CACHE_GRANULE * CACHE_GRANULE
+
+    # ------------------------------------------------------------------ handlers
+    async def _chat(self, request: Request, rec: Recorded) -> Response:
+        body = rec.json
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return JSONResponse(error_body(400, "'messages' is required"), status_code=400)
+        messages = body["messages"]
+        if rec.purpose in ("detector", "summarizer"):
+            mode = self.detector_mode if rec.purpose == "detector" else self.summarizer_mode
+            if mode == "error500":
+                return JSONResponse(error_body(500, f"{rec.purpose} exploded"), status_code=500)
+            if mode == "slow":
+                await self._sleep(self.slow_seconds)
+            if mode == "garbage":
+                text = "lol not json at all"
+            elif mode == "empty":
+                text = ""
+            else:
+                fn = self.detector if rec.purpose == "detector" else self.summarizer
+                text = fn(body)
+            message: dict = {"role": "assistant", "content": text}
+            cached = 0
+        else:
+            if self.error_mode == "malformed":
+                return Response(b"<html>upstream hiccup, definitely not json", status_code=200,
+                                media_type="application/json")
+            message = self.reply(body)
+            cached = None  # computed below once prompt_tokens is known
+        prompt_tokens = self.count_tokens(messages)
+        if cached is None:
+            cached = self._cached_tokens(messages, prompt_tokens)
+            with self._lock:
+                self.cached_log.append((prompt_tokens, cached))
+        completion_tokens = max(1, self.count_tokens([message]))
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                 "total_tokens": prompt_tokens + completion_tokens,
+                 "prompt_tokens_details": {"cached_tokens": cached}}
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
+        model = body.get("model") or MODEL_IDS[0]
+        if body.get("stream"):
+            include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            delay = _float(rec.headers.get("x-test-stream-delay"))
+            chunks = _stream_chunks(self._next_id(), model, message, finish,
+                                    usage if include_usage else None)
+            return StreamingResponse(_sse(chunks, delay), media_type="text/event-stream")
+        return JSONResponse({
+            "id": self._next_id(), "object": "chat.completion", "created": int(time.time()),
+            "model": model, "system_fingerprint": "fp_scripted",
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": finish}],
+            "usage": usage,
+        })
+
+    async def _models(self, request: Request, rec: Recorded) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": m, "object": "model", "created": 1700000000, "owned_by": "scripted"}
+            for m in MODEL_IDS]})
+
+    async def _embeddings(self, request: Request, rec: Recorded) -> Response:
+        body = rec.json if isinstance(rec.json, dict) else {}
+        inputs = body.get("input", "")
+        inputs = [inputs] if isinstance(inputs, str) or not isinstance(inputs, list) else inputs
+        if inputs and isinstance(inputs[0], int):  # a single pre-tokenised input
+            inputs = [inputs]
+        data = []
+        for i, item in enumerate(inputs):
+            digest = hashlib.sha256(orjson.dumps(item)).digest()
+            vec = [round(b / 127.5 - 1.0, 6) for b in digest[:8]]
+            emb: Any = vec
+            if body.get("encoding_format") == "base64":  # the openai client asks for this
+                emb = base64.b64encode(struct.pack("<8f", *vec)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": emb})
+        tokens = sum(len(orjson.dumps(x)) // 4 for x in inputs)
+        return JSONResponse({"object": "list", "data": data,
+                             "model": body.get("model") or MODEL_IDS[0],
+                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+    async def _slow(self, request: Request, rec: Recorded) -> Response:
+        return JSONResponse({"slow": True, "delay": _float(rec.headers.get("x-test-delay"))})
+
+    async def _echo(self, request: Request, rec: Recorded) -> Response:
+        return JSONResponse({"method": rec.method, "path": rec.path, "query": rec.query,
+                             "body": rec.body.decode("utf-8", "replace")})
+
+
+def _float(value: str | None) -> float:
+    try:
+        return float(value) if value else 0.0
+    except ValueError:
+        return 0.0
+
+
+def _stream_chunks(cid: str, model: str, message: dict, finish: str,
+                   usage: dict | None) -> list[dict]:
+    """OpenAI-shaped chat.completion.chunk objects for one assistant message."""
+    created = int(time.time())
+
+    def chunk(delta: dict, finish_reason: str | None = None) -> dict:
+        out = {"id": cid, "object": "chat.completion.chunk", "created": created,
+               "model": model, "system_fingerprint": "fp_scripted",
+               "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                            "finish_reason": finish_reason}]}
+        if usage is not None:
+            out["usage"] = None  # OpenAI sends an explicit null until the final chunk
+        return out
+
+    chunks = [chunk({"role": "assistant", "content": ""})]
+    for i, call in enumerate(message.get("tool_calls") or []):
+        fn = call["function"]
+        chunks.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
+                                             "function": {"name": fn["name"],
+                                                          "arguments": ""}}]}))
+        args = fn.get("arguments") or ""
+        for j in range(0, len(args), 16):
+            chunks.append(chunk({"tool_calls": [{"index": i,
+                                                 "function": {"arguments": args[j:j + 16]}}]}))
+    content = message.get("content") or ""
+    pieces = re.findall(r"\S+\s*|\s+", content)
+    for j in range(0, len(pieces), 4):
+        chunks.append(chunk({"content": "".join(pieces[j:j + 4])}))
+    chunks.append(chunk({}, finish))
+    if usage is not None:
+        final = chunk({})
+        final["choices"], final["usage"] = [], usage
+        chunks.append(final)
+    return chunks
+
+
+async def _sse(chunks: list[dict], delay: float):
+    for i, c in enumerate(chunks):
+        if delay and i:
+            await asyncio.sleep(delay)
+        yield b"data: " + orjson.dumps(c) + b"\n\n"
+    yield b"data: [DONE]\n\n"
