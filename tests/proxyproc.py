@@ -57,7 +57,9 @@ class ProxyProcess:
     def root(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> "ProxyProcess":
+    def start(
+        self, extra_args: list[str] | None = None, env: dict[str, str] | None = None
+    ) -> "ProxyProcess":
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [cli_path(), "serve", "--config", str(self.config_path), *(extra_args or [])],
