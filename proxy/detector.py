@@ -94,14 +94,15 @@ def _as_index(value: Any) -> int | None:
 def _as_confidence(value: Any) -> float:
     if isinstance(value, bool):
         return 0.0
+    percent = isinstance(value, str) and value.strip().endswith("%")
     try:
-        number = float(value)
+        number = float(value.strip().rstrip("%")) if percent else float(value)
     except (TypeError, ValueError):
         return 0.0
     if not math.isfinite(number):
         return 0.0
-    if number > 1.0 and number <= 100.0:
-        number /= 100.0  # "85" meaning 85%
+    if percent or (number > 1.0 and number <= 100.0):
+        number /= 100.0  # "85" or "85%" meaning 85%
     return min(max(number, 0.0), 1.0)
 
 

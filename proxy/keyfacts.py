@@ -29,7 +29,8 @@ _PATTERNS = [
     r"\b[a-z]+(?:[A-Z][a-z0-9]+){1,}\b",
     # Numbers with units, and labelled numbers (port 8443, v2.3.1).
     r"\$\s?\d[\d,]*(?:\.\d+)?",
-    r"\b\d+(?:\.\d+)?\s?(?:ms|s|sec|min|h|KB|MB|GB|TB|KiB|MiB|GiB|%|px|tokens|USD|EUR)\b",
+    # "%" is outside the trailing \b: a word boundary never follows "%" before a space.
+    r"\b\d+(?:\.\d+)?\s?(?:(?:ms|s|sec|min|h|KB|MB|GB|TB|KiB|MiB|GiB|px|tokens|USD|EUR)\b|%)",
     r"\b(?:port|version|v)\s?\d+(?:\.\d+)*\b",
     # Host-like names with digits (pg-billing-02).
     r"\b[a-z][a-z0-9]*(?:-[a-z0-9]+)*-\d+[a-z0-9]*\b",

@@ -15,6 +15,7 @@ Behaviour every backend guarantees:
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +26,8 @@ from urllib.parse import urlparse
 import orjson
 
 from .errors import StoreError
+
+log = logging.getLogger("compaction_proxy.store")
 
 
 class Store(Protocol):
@@ -232,7 +235,20 @@ def open_store(url: str) -> Store:
     parsed = urlparse(url)
     if parsed.scheme == "diskcache":
         raw = url[len("diskcache://") :]
-        return DiskStore(os.path.expanduser(raw or "~/.cache/compaction-proxy"))
+        path = Path(os.path.expanduser(raw or "~/.cache/compaction-proxy"))
+        try:
+            return DiskStore(path)
+        except StoreError as exc:
+            if not path.is_dir():
+                raise
+            # A corrupt database: keep it aside for inspection and start an empty store,
+            # rather than refusing to serve traffic.
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            path.rename(aside)
+            log.error(
+                "store is corrupt; moved aside", extra={"path": str(aside), "error": str(exc)}
+            )
+            return DiskStore(path)
     if parsed.scheme in ("redis", "rediss", "unix"):
         return RedisStore(url)
     raise ValueError(f"store.url: unsupported scheme {parsed.scheme!r} (diskcache:// or redis://)")

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from .messages import Message, transcript
 
 _REFUSAL_RE = re.compile(
-    r"^\s*(?:I'm sorry|I am sorry|Sorry,|I cannot|I can't|I can not|I'm unable|I am unable|"
-    r"As an AI)",
+    # ['’]: models often write typographic apostrophes ("I’m sorry").
+    r"^\s*(?:I['’]m sorry|I am sorry|Sorry,|I cannot|I can['’]t|I can not|I['’]m unable|"
+    r"I am unable|As an AI)",
     re.IGNORECASE,
 )
 

@@ -1,0 +1,224 @@
+"""proxy.detector: the indexed prose it is shown and the lenient parsing of its reply."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from proxy.detector import (
+    SAFE_DEFAULT,
+    Detection,
+    build_request,
+    detector_window,
+    indexed_lines,
+    parse_detection,
+)
+
+
+def reply(**fields: Any) -> str:
+    base: dict[str, Any] = {
+        "boundary_index": 3,
+        "boundary_reason": "the user moved to the billing bug",
+        "confidence": 0.9,
+        "summary": "Set up the repo; tests pass.",
+    }
+    base.update(fields)
+    return json.dumps(base)
+
+
+# ---- well-formed and wrapped JSON ----------------------------------------------------------
+
+
+def test_clean_json() -> None:
+    d = parse_detection(reply(), 10)
+    assert d == Detection(3, "the user moved to the billing bug", 0.9, "Set up the repo; tests pass.")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"```json\n{reply()}\n```",
+        f"```JSON\n{reply()}\n```",
+        f"```\n{reply()}\n```",
+        f"Here is my analysis:\n```json\n{reply()}\n```\nLet me know if you need more.",
+    ],
+    ids=["json-fence", "upper-fence", "bare-fence", "fence-in-prose"],
+)
+def test_fenced_json(text: str) -> None:
+    d = parse_detection(text, 10)
+    assert d.boundary_index == 3 and d.confidence == 0.9
+    assert d.summary == "Set up the repo; tests pass."
+
+
+def test_json_inside_prose() -> None:
+    text = f"Sure! The topic changes at message three. {reply()} I hope {{this}} helps."
+    d = parse_detection(text, 10)
+    assert d.boundary_index == 3 and d.confidence == 0.9
+    assert d.boundary_reason == "the user moved to the billing bug"
+
+
+def test_braces_in_prose_before_the_json() -> None:
+    text = f"Ignoring {{not json}} and {{'also': not}}: {reply(boundary_index=2)}"
+    assert parse_detection(text, 10).boundary_index == 2
+
+
+def test_null_boundary() -> None:
+    d = parse_detection(reply(boundary_index=None, confidence=0.95), 10)
+    assert d.boundary_index is None
+    assert d.confidence == 0.0  # no boundary, nothing to be confident about
+    assert d.summary == "Set up the repo; tests pass."
+
+
+# ---- indices -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0, 0),
+        (9, 9),
+        (10, None),  # out of range for a window of 10
+        (1000, None),
+        (-1, None),
+        (-3, None),
+        (3.5, None),
+        (3.0, 3),
+        ("4", 4),
+        (" 4 ", 4),
+        ("[4]", 4),
+        ("-1", None),
+        ("abc", None),
+        ("3.5", None),
+        ("", None),
+        (True, None),
+        (False, None),
+        ([3], None),
+        ({"i": 3}, None),
+    ],
+)
+def test_boundary_index_validation(value: Any, expected: int | None) -> None:
+    d = parse_detection(reply(boundary_index=value), 10)
+    assert d.boundary_index == expected
+    if expected is None:
+        assert d.confidence == 0.0
+
+
+def test_nan_and_infinite_indices() -> None:
+    # Python's json accepts NaN/Infinity literals; they are not indices.
+    for literal in ("NaN", "Infinity", "-Infinity"):
+        text = '{"boundary_index": %s, "confidence": 0.9}' % literal
+        assert parse_detection(text, 10).boundary_index is None
+
+
+# ---- confidence ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (0.7, 0.7),
+        (1, 1.0),
+        (0, 0.0),
+        ("0.8", 0.8),
+        (" 0.65 ", 0.65),
+        ("85", 0.85),
+        (85, 0.85),
+        ("85%", 0.85),
+        ("40 %", 0.4),
+        (150, 1.0),
+        (-0.3, 0.0),
+        ("high", 0.0),
+        ("", 0.0),
+        (None, 0.0),
+        (True, 0.0),
+        ([0.9], 0.0),
+        ("nan", 0.0),
+        ("inf", 0.0),
+    ],
+)
+def test_confidence_parsing(value: Any, expected: float) -> None:
+    d = parse_detection(reply(confidence=value), 10)
+    assert d.boundary_index == 3
+    assert d.confidence == pytest.approx(expected)
+    assert 0.0 <= d.confidence <= 1.0
+
+
+def test_missing_confidence_is_zero() -> None:
+    assert parse_detection('{"boundary_index": 2}', 5) == Detection(2, "", 0.0, "")
+
+
+def test_reason_and_summary_types() -> None:
+    d = parse_detection(reply(boundary_reason=42, summary=["x"]), 10)
+    assert d.boundary_reason == "" and d.summary == ""
+    long = parse_detection(reply(boundary_reason="r" * 2000, summary="  s  "), 10)
+    assert len(long.boundary_reason) == 500 and long.summary == "s"
+
+
+# ---- garbage -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,
+        "",
+        "   ",
+        "I could not find a boundary.",
+        "{not json at all",
+        "```json\n{broken: }\n```",
+        "[1, 2, 3]",
+        '"just a string"',
+        "null",
+        "\x00\xff garbage {{{{ }}}}",
+        "{" * 5000,
+    ],
+)
+def test_garbage_gives_the_safe_default(text: str | None) -> None:
+    assert parse_detection(text, 10) == SAFE_DEFAULT
+    assert SAFE_DEFAULT == Detection(None, "", 0.0, "")
+
+
+def test_parse_never_raises_on_a_window_of_zero() -> None:
+    assert parse_detection(reply(boundary_index=0), 0).boundary_index is None
+
+
+# ---- what the detector is shown ------------------------------------------------------------
+
+
+def test_indexed_lines_and_request() -> None:
+    msgs = [
+        {"role": "user", "content": "first line\nsecond line"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function",
+                 "function": {"name": "grep", "arguments": '{"pattern": "x"}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "y" * 50},
+    ]
+    lines = indexed_lines(msgs, 20).split("\n")
+    assert len(lines) == 3  # one line per message: newlines inside are flattened
+    assert lines[0] == "[0] USER: first line sec ..."  # "USER: ..." cut at 20 characters
+    lines = indexed_lines(msgs, 40).split("\n")
+    assert lines[0] == "[0] USER: first line second line"
+    assert lines[1].startswith("[1] ASSISTANT called tool grep(")
+    assert lines[2].startswith("[2] TOOL RESULT (c1): yyy")
+    assert len(lines[2]) == len("[2] ") + 40 + len(" ...")
+
+    req = build_request("PROMPT", msgs, 1000)
+    assert [m["role"] for m in req] == ["system", "user"]
+    assert req[0]["content"] == "PROMPT"
+    assert "[1] ASSISTANT called tool grep" in req[1]["content"]
+    assert all(set(m) == {"role", "content"} for m in req)
+
+
+def test_detector_window_takes_the_last_messages_after_the_body_start() -> None:
+    msgs = [{"role": "user", "content": str(i)} for i in range(100)]
+    offset, window = detector_window(msgs, 2, 50)
+    assert offset == 50 and list(window) == msgs[50:]
+    offset, window = detector_window(msgs[:30], 2, 50)
+    assert offset == 2 and list(window) == msgs[2:30]
