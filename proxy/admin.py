@@ -31,7 +31,6 @@ from starlette.routing import Route
 from .errors import BadRequest, NotFound, Unauthorized
 from .fingerprint import fingerprints, prefix_chain
 from .ledger import TOTALS_KEY
-from .metrics import CONTENT_TYPE
 from .records import (
     CompactionRecord,
     conv_key,

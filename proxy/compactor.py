@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,13 +96,16 @@ class Compactor:
         *,
         counter: TokenCounter | None = None,
         retention_s: float | None = 30 * 86400,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
+        """``on_event`` is called with every compaction event (metrics); it must not raise."""
         self.settings = settings
         self.store = store
         self.llm = llm
         self.prompts = prompts
         self.counter = counter or TokenCounter()
         self.retention_s = retention_s
+        self.on_event = on_event
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -521,6 +524,8 @@ class Compactor:
         event.setdefault("ts", time.time())
         event.setdefault("model", prepared.model)
         prepared.events.append(event)
+        if self.on_event is not None:
+            self.on_event(event)
 
     async def _flush_events(self, prepared: Prepared) -> None:
         events, prepared.events = prepared.events, []

@@ -22,7 +22,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import ledger
+from . import admin, dashboard, ledger  # admin, dashboard: the operators' view
 from .compactor import Compactor, Prepared, Prompts, with_messages
 from .config import Config, load_prompt
 from .errors import BadRequest, PayloadTooLarge, ProxyError, StoreError
@@ -35,6 +35,7 @@ from .forward import (
     upstream_url,
 )
 from .llm import HttpLLM
+from .metrics import Metrics
 from .sse import EventSplitter, event_json, is_usage_only
 from .store import Store, open_store
 from .validation import parse_json_object, validate_chat
@@ -365,10 +366,16 @@ def create_app(
             timeout_s=config.compaction.llm_timeout_s,
         )
         prompts = Prompts(detector=load_prompt("detector"), summarizer=load_prompt("summarizer"))
+        metrics = Metrics()  # per app: never the global registry
         compactor = Compactor(
-            config.compaction, own_store, llm, prompts, retention_s=config.retention_s
+            config.compaction,
+            own_store,
+            llm,
+            prompts,
+            retention_s=config.retention_s,
+            on_event=metrics.observe_event,
         )
-        app.state.res = Resources(config, client, own_store, compactor)
+        app.state.res = Resources(config, client, own_store, compactor, metrics)
         try:
             yield
         finally:
@@ -380,6 +387,8 @@ def create_app(
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        *admin.routes(),  # operators' view: /metrics, /admin/api/*
+        *dashboard.routes(),  # operators' view: /dashboard
         Route(
             "/v1/{path:path}",
             passthrough,

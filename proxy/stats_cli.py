@@ -1,0 +1,132 @@
+"""``compaction-proxy stats``: the totals and the top conversations, as a terminal table.
+
+It reads the same store the proxy writes (a diskcache folder can be read while the proxy
+runs, or after), through the same queries as the admin API, so the numbers match.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, TextIO
+from urllib.parse import urlsplit, urlunsplit
+
+from . import admin
+from .config import Config
+from .errors import StoreError
+from .store import open_store
+
+
+def _int(value: Any) -> str:
+    return f"{int(value or 0):,}"
+
+
+def _usd(value: Any) -> str:
+    amount = float(value or 0.0)
+    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.4f}"
+
+
+def _when(ts: Any) -> str:
+    if not isinstance(ts, int | float):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts))
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def redact(url: str) -> str:
+    """The store URL without any password (a redis:// URL may carry one)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> str:
+    """Aligned columns; the columns in ``right`` (numbers) are right-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        out = [
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(out).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(headers), rule, *(line(r) for r in rows)])
+
+
+def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], source: str) -> str:
+    """The report printed by ``compaction-proxy stats``."""
+    summary = [
+        ("requests", _int(totals["requests"])),
+        ("conversations", _int(totals.get("conversations"))),
+        ("original tokens", _int(totals["original_tokens"])),
+        ("forwarded tokens", _int(totals["forwarded_tokens"])),
+        ("tokens saved", f"{_int(totals['saved_tokens'])} ({totals['saved_pct']:.1f}%)"),
+        ("dollars saved", _usd(totals["saved_usd"])),
+        ("compactions", _int(totals.get("compactions"))),
+        ("compaction failures", _int(totals.get("compaction_failures"))),
+        ("cache-hit rate", f"{100 * totals['cache_hit_rate']:.1f}%"),
+        ("upstream errors", _int(totals["errors"])),
+    ]
+    label_width = max(len(k) for k, _ in summary)
+    lines = [f"compaction-proxy stats ({source})", ""]
+    lines += [f"  {k.ljust(label_width)}  {v}" for k, v in summary]
+    lines.append("")
+    if not conversations:
+        lines.append("No conversations recorded yet.")
+        return "\n".join(lines)
+    lines.append(f"Top {len(conversations)} conversations by tokens saved")
+    headers = [
+        "ID", "MODEL", "REQS", "ORIGINAL", "FORWARDED", "SAVED", "SAVED%", "$ SAVED",
+        "COMPACTIONS", "LAST SEEN (UTC)",
+    ]  # fmt: skip
+    rows = [
+        [
+            _clip(c["tenant"], 8) + ":" + _clip(c["conversation"], 14),
+            _clip(str(c.get("model") or "-"), 24),
+            _int(c["requests"]),
+            _int(c["original_tokens"]),
+            _int(c["forwarded_tokens"]),
+            _int(c["saved_tokens"]),
+            f"{c['saved_pct']:.1f}%",
+            _usd(c["saved_usd"]),
+            _int(c["compactions"]),
+            _when(c.get("last_seen")),
+        ]
+        for c in conversations
+    ]
+    lines.append(table(headers, rows, right=set(range(2, 9))))
+    return "\n".join(lines)
+
+
+def print_stats(config: Config, top: int = 10, out: TextIO | None = None) -> int:
+    """Print the report for the store in ``config``; 0 on success, 1 if the store is unusable."""
+    out = out or sys.stdout
+    try:
+        store = open_store(config.store.url)
+    except (StoreError, ValueError) as exc:
+        print(f"compaction-proxy: cannot open the store: {exc}", file=sys.stderr)
+        return 1
+    try:
+        totals = admin.stats(store, hours=1)["totals"]
+        listing = admin.list_conversations(
+            store, sort="saved_tokens", order="desc", per_page=max(top, 1)
+        )
+    except StoreError as exc:
+        print(f"compaction-proxy: cannot read the store: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        store.close()
+    items = listing["items"][: max(top, 0)]
+    print(render(totals, items, redact(config.store.url)), file=out)
+    return 0
