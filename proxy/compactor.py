@@ -17,12 +17,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import detector, keyfacts, planner, summarizer
+from . import costs, detector, keyfacts, planner, stability, summarizer
 from .errors import CompactionFailed, StoreError
 from .fingerprint import conversation_id, fingerprint, fingerprints, prefix_chain
 from .llm import LLM
 from .messages import Message, head_length, transcript
-from .modelmap import context_window
+from .modelmap import context_window, provider_family
 from .records import (
     MAX_CHECKPOINTS,
     CompactionRecord,
@@ -33,6 +33,7 @@ from .records import (
     substitute,
 )
 from .settings import CompactionSettings
+from .stability import StabilityState, TierThresholds
 from .store import Store, get_list
 from .tokens import TokenCounter
 
@@ -68,10 +69,13 @@ class Prepared:
     case: str = "none"
     compacted_now: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
+    stability: StabilityState | None = None
+    marked: bool = False
 
     @property
     def changed(self) -> bool:
-        return self.record is not None
+        """Whether the forwarded messages differ from what the client sent."""
+        return self.record is not None or self.marked
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,9 @@ class Compactor:
         self.counter = counter or TokenCounter()
         self.retention_s = retention_s
         self.on_event = on_event
+        self.tiers = TierThresholds(
+            settings.tier_l1_requests, settings.tier_l2_requests, settings.tier_l3_requests
+        )
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -128,6 +135,11 @@ class Compactor:
             return None, cooling
         return record, cooling
 
+    def _history_sync(self, tenant: str, conversation: str) -> tuple[StabilityState | None, Any]:
+        """The stability tracker and the ledger's view of this conversation (one thread hop)."""
+        state = StabilityState.from_json(self.store.get(conv_key("stab", tenant, conversation)))
+        return state, self.store.get(conv_key("conv", tenant, conversation))
+
     # ---- the request path ----------------------------------------------------------------
 
     async def prepare(
@@ -147,9 +159,12 @@ class Compactor:
         counts = self.counter.count_messages(messages, model, fps)
         original_tokens = sum(counts) + 3
         record, cooling = None, False
+        tracker: StabilityState | None = None
+        meta: Any = None
         if not bypass and self.settings.enabled:
             try:
                 record, cooling = await self._io(self._lookup_sync, tenant, conversation, chain)
+                tracker, meta = await self._io(self._history_sync, tenant, conversation)
             except StoreError as exc:
                 log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
         prepared = self._view(
@@ -162,12 +177,65 @@ class Compactor:
             context_window=window,
             bypass=bypass,
             cooling_down=cooling,
+            pays=self._pays(prepared, meta),
         )
         if bypass:
             prepared.case = "off"
+            return prepared
         if prepared.decision.action == "inline":
             prepared = await self._inline(prepared)
+        if self.settings.enabled:
+            self._stabilise(prepared, tracker)
         return prepared
+
+    def _pays(self, prepared: Prepared, meta: Any) -> bool:
+        """``policy: cost``: whether compacting now is expected to save money overall."""
+        if (
+            self.settings.policy != "cost"
+            or prepared.forwarded_tokens <= self.settings.trigger_tokens
+        ):
+            return True
+        requests = meta.get("requests", 0) if isinstance(meta, dict) else 0
+        prompt = meta.get("prompt_tokens", 0) if isinstance(meta, dict) else 0
+        cached = meta.get("cached_tokens", 0) if isinstance(meta, dict) else 0
+        s = self.settings
+        expected_after = min(
+            prepared.forwarded_tokens,
+            sum(prepared.forwarded_counts[: self._head(prepared)])
+            + s.verbatim_window_tokens
+            + s.summary_budget_tokens,
+        )
+        net = costs.expected_net_saving(
+            costs.prices_for(prepared.model),
+            forwarded_tokens=prepared.forwarded_tokens,
+            expected_after=expected_after,
+            cached_share=cached / prompt if prompt else 0.0,
+            horizon=max(1, min(int(requests), s.cost_horizon_requests)),
+            anthropic=provider_family(prepared.model) == "anthropic",
+            summary_tokens=s.summary_budget_tokens,
+        )
+        return net > 0
+
+    def _head(self, prepared: Prepared) -> int:
+        return _head_len(prepared)
+
+    def _stabilise(self, prepared: Prepared, previous: StabilityState | None) -> None:
+        """Track what stayed in place; on Anthropic-family models place cache breakpoints."""
+        head_len = _head_len(prepared)
+        summary_at = head_len if prepared.record and prepared.record.summary else None
+        fps = fingerprints(prepared.forwarded)
+        items = stability.prompt_items(fps, head_len, summary_at)
+        record_hash = prepared.record.prefix_hash if prepared.record else None
+        prepared.stability = stability.observe(previous, items, record_hash)
+        if provider_family(prepared.model) != "anthropic":
+            return
+        if stability.has_cache_marks(prepared.original):
+            return  # the client manages its own cache breakpoints: never touch them
+        levels = stability.tiers(prepared.stability, self.tiers)
+        marks = stability.breakpoints(levels, head_len, summary_at)
+        if marks:
+            prepared.forwarded = stability.with_marks(prepared.forwarded, marks)
+            prepared.marked = True
 
     def _view(
         self,
@@ -225,12 +293,25 @@ class Compactor:
         return updated
 
     def schedule(self, prepared: Prepared) -> None:
-        """Run a background compaction if the decision asked for one (never blocks)."""
-        if prepared.decision.action != "background":
-            return
-        task = asyncio.get_running_loop().create_task(self.compact(prepared, inline=False))
+        """After a successful response: persist the stability tracker and run a background
+        compaction if the decision asked for one. Never blocks the caller."""
+        loop = asyncio.get_running_loop()
+        if prepared.stability is not None:
+            self._spawn(loop.create_task(self._save_stability(prepared)))
+        if prepared.decision.action == "background":
+            self._spawn(loop.create_task(self.compact(prepared, inline=False)))
+
+    def _spawn(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _save_stability(self, prepared: Prepared) -> None:
+        assert prepared.stability is not None
+        key = conv_key("stab", prepared.tenant, prepared.conversation)
+        try:
+            await self._io(self.store.set, key, prepared.stability.to_json(), self.retention_s)
+        except StoreError:
+            pass  # the tracker restarts at N = 0: one planned cache miss at worst
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait for scheduled background compactions (shutdown and tests)."""
@@ -253,6 +334,9 @@ class Compactor:
             return await self._reuse(prepared)
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         self._inflight[key] = future
+        # Resolved in ``finally``: if this task is cancelled (client gone, caller timeout),
+        # requests waiting on ``future`` must still wake up rather than hang forever.
+        outcome = Outcome("none", None, "compaction cancelled", failed=True)
         try:
             outcome = await self._compact_locked(prepared, key, inline)
         except Exception as exc:  # the last line of failing open
@@ -260,7 +344,7 @@ class Compactor:
             outcome = Outcome("none", None, f"internal error: {type(exc).__name__}", failed=True)
         finally:
             self._inflight.pop(key, None)
-        future.set_result(outcome)
+            future.set_result(outcome)
         return outcome
 
     async def _compact_locked(self, prepared: Prepared, key: str, inline: bool) -> Outcome:

@@ -78,7 +78,18 @@ def conversation_url(conv_id: str) -> str:
 # ---- page frame --------------------------------------------------------------------------
 
 
-def page(title: str, body: str, *, logout: bool, status: int = 200) -> HTMLResponse:
+def refresh_ms(request: Request) -> int:
+    """Auto-refresh period: ``?refresh=SECONDS`` (1 to 3600), else every 10 s."""
+    try:
+        seconds = float(request.query_params.get("refresh") or REFRESH_MS / 1000)
+    except ValueError:
+        seconds = REFRESH_MS / 1000
+    return int(min(max(seconds, 1.0), 3600.0) * 1000)
+
+
+def page(
+    title: str, body: str, *, logout: bool, status: int = 200, refresh: int = REFRESH_MS
+) -> HTMLResponse:
     """A complete page; its only script is the inlined auto-refresh, tagged with a nonce."""
     nonce = secrets.token_urlsafe(16)
     tools = ""
@@ -92,7 +103,7 @@ def page(title: str, body: str, *, logout: bool, status: int = 200) -> HTMLRespo
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{esc(title)} · compaction-proxy</title>
 <style>{CSS}</style></head>
-<body data-refresh-ms="{REFRESH_MS}">
+<body data-refresh-ms="{refresh}">
 <header><a class="brand" href="/dashboard">compaction-proxy</a>
 <nav><a href="/dashboard">Overview</a><a href="/admin/api/stats">JSON API</a>
 <a href="/metrics">/metrics</a></nav>
@@ -651,7 +662,8 @@ async def overview(request: Request) -> Response:
         return data, listing
 
     data, listing = await asyncio.to_thread(load)
-    return page("Overview", overview_body(data, listing, params), logout=_logout_shown(request))
+    body = overview_body(data, listing, params)
+    return page("Overview", body, logout=_logout_shown(request), refresh=refresh_ms(request))
 
 
 async def conversation(request: Request) -> Response:
@@ -671,7 +683,8 @@ async def conversation(request: Request) -> Response:
         body = f'<h1>Not found</h1><p class="mute">{esc(exc)}</p>'
         return page("Not found", body, logout=_logout_shown(request), status=404)
     title = f"Conversation {short(detail['conversation'], 12)}"
-    return page(title, conversation_body(detail, hist), logout=_logout_shown(request))
+    body = conversation_body(detail, hist)
+    return page(title, body, logout=_logout_shown(request), refresh=refresh_ms(request))
 
 
 def routes() -> list[Route]:

@@ -42,6 +42,7 @@ def decide(
     context_window: int | None = None,
     bypass: bool = False,
     cooling_down: bool = False,
+    pays: bool = True,
 ) -> Decision:
     """The one compaction decision, used by every route and by the hook."""
     if bypass:
@@ -61,6 +62,8 @@ def decide(
         return Decision("inline", why, use_llm=not cooling_down, limit_tokens=limit)
     if cooling_down:
         return Decision("forward", "cooling down after a failed compaction", use_llm=False)
+    if not pays:
+        return Decision("forward", "cost policy: compacting would not pay yet", use_llm=False)
     if settings.mode == "inline":
         return Decision("inline", "over trigger (inline mode)", limit_tokens=limit)
     return Decision("background", "over trigger (background mode)", limit_tokens=limit)

@@ -28,6 +28,10 @@ class CompactionSettings:
     detector_window_messages: int = 50
     detector_chars_per_message: int = 1000
     key_references_max_chars: int = 600
+    cost_horizon_requests: int = 20
+    tier_l1_requests: int = 1
+    tier_l2_requests: int = 3
+    tier_l3_requests: int = 10
 
     @property
     def emergency_tokens(self) -> int:

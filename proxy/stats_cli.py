@@ -87,12 +87,13 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
         return "\n".join(lines)
     lines.append(f"Top {len(conversations)} conversations by tokens saved")
     headers = [
-        "ID", "MODEL", "REQS", "ORIGINAL", "FORWARDED", "SAVED", "SAVED%", "$ SAVED",
+        "TENANT", "CONVERSATION", "MODEL", "REQS", "ORIGINAL", "FORWARDED", "SAVED", "SAVED%", "$ SAVED",
         "COMPACTIONS", "LAST SEEN (UTC)",
     ]  # fmt: skip
     rows = [
         [
-            _clip(c["tenant"], 8) + ":" + _clip(c["conversation"], 14),
+            c["tenant"][:8],
+            _clip(c["conversation"], 16),
             _clip(str(c.get("model") or "-"), 24),
             _int(c["requests"]),
             _int(c["original_tokens"]),
@@ -105,7 +106,7 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
         ]
         for c in conversations
     ]
-    lines.append(table(headers, rows, right=set(range(2, 9))))
+    lines.append(table(headers, rows, right=set(range(3, 10))))
     return "\n".join(lines)
 
 

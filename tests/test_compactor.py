@@ -1,0 +1,658 @@
+"""proxy.compactor: the engine end to end, with an in-process fake LLM and a real DiskStore."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import json
+import random
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.compactor import EMERGENCY_NOTE, Compactor, Prepared, Prompts
+from proxy.errors import CompactionFailed
+from proxy.fingerprint import fingerprints, prefix_chain
+from proxy.llm import LLMReply
+from proxy.messages import SUMMARY_PREFIX
+from proxy.records import conv_key
+from proxy.settings import CompactionSettings
+from proxy.store import DiskStore
+from proxy.tokens import TokenCounter
+
+Message = dict[str, Any]
+MODEL = "gpt-4o-mini"
+PROMPTS = Prompts(detector="Find the topic boundary.", summarizer="Summarize in {budget} tokens.")
+SETTINGS = CompactionSettings(
+    trigger_tokens=2000,
+    verbatim_window_tokens=500,
+    summary_budget_tokens=200,
+    min_verbatim_exchanges=2,
+    cooldown_s=300,
+)
+NULL_DETECTION = '{"boundary_index": null, "boundary_reason": "", "confidence": 0, "summary": ""}'
+GOOD_SUMMARY = "Earlier the user and the assistant reviewed several modules; nothing is open."
+
+_WORDS = (
+    "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
+    "oscar papa quebec romeo sierra tango uniform victor whiskey xray yankee zulu parser "
+    "invoice ledger retry worker cache settings deploy branch staging"
+).split()
+
+
+# ---- conversations ---------------------------------------------------------------------------
+
+
+def prose(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def conversation(
+    turns: int, *, seed: int = 0, words: int = 60, tool_every: int = 3, system: bool = True
+) -> list[Message]:
+    """A deterministic chat: ~80 tokens a message, a tool round every ``tool_every`` turns."""
+    rng = random.Random(seed)
+    msgs: list[Message] = []
+    if system:
+        msgs.append({"role": "system", "content": "You are a careful coding assistant."})
+    for t in range(turns):
+        msgs.append({"role": "user", "content": f"Turn {t}. {prose(rng, words)}"})
+        if tool_every and t % tool_every == tool_every - 1:
+            call_id = f"call_{seed}_{t}"
+            msgs.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": call_id,
+                            "type": "function",
+                            "function": {
+                                "name": "read_file",
+                                "arguments": json.dumps({"path": f"src/mod{t}.py"}),
+                            },
+                        }
+                    ],
+                }
+            )
+            msgs.append({"role": "tool", "tool_call_id": call_id, "content": prose(rng, words)})
+        msgs.append({"role": "assistant", "content": f"Answer {t}. {prose(rng, words)}"})
+    return msgs
+
+
+def dumps(messages: Any) -> bytes:
+    return orjson.dumps(messages)
+
+
+def forwarded_text(prepared: Prepared) -> str:
+    return "\n".join(str(m.get("content") or "") for m in prepared.forwarded)
+
+
+def assert_well_formed(prepared: Prepared) -> None:
+    """What would be forwarded: head first and intact, the tail byte-identical, tools paired."""
+    fwd, orig = prepared.forwarded, prepared.original
+    record = prepared.record
+    if record is None:
+        assert dumps(fwd) == dumps(orig)
+        return
+    head = record.head_len
+    assert dumps(fwd[:head]) == dumps(orig[:head])
+    body = head + (1 if record.summary is not None else 0)
+    if record.summary is not None:
+        assert dumps(fwd[head]) == dumps(record.summary)
+    assert dumps(fwd[body:]) == dumps(orig[record.k :])
+    assert fwd[body]["role"] == "user"
+    issued: set[str] = set()
+    for m in fwd[body:]:
+        for call in m.get("tool_calls") or []:
+            issued.add(call["id"])
+        if m.get("role") == "tool":
+            assert m["tool_call_id"] in issued, "a tool result lost its call"
+
+
+# ---- the fake LLM ----------------------------------------------------------------------------
+
+
+@dataclass
+class Call:
+    purpose: str
+    model: str
+    messages: list[Message]
+    max_tokens: int
+    credential: str | None
+
+    @property
+    def user_text(self) -> str:
+        return "\n".join(str(m["content"]) for m in self.messages if m["role"] == "user")
+
+
+Behaviour = Any  # str | LLMReply | BaseException | callable(messages) -> any of those
+
+
+class FakeLLM:
+    """Implements ``proxy.llm.LLM`` in process; records every call."""
+
+    def __init__(
+        self,
+        summarizer: Behaviour = GOOD_SUMMARY,
+        detector: Behaviour = NULL_DETECTION,
+        delay: float = 0.0,
+    ) -> None:
+        self.summarizer = summarizer
+        self.detector = detector
+        self.delay = delay
+        self.calls: list[Call] = []
+
+    async def complete(
+        self,
+        model: str,
+        messages: Any,
+        *,
+        max_tokens: int,
+        purpose: str,
+        credential: str | None,
+    ) -> LLMReply:
+        self.calls.append(Call(purpose, model, copy.deepcopy(list(messages)), max_tokens, credential))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        behaviour = self.detector if purpose == "detector" else self.summarizer
+        if callable(behaviour) and not isinstance(behaviour, BaseException | type):
+            behaviour = behaviour(messages)
+            if inspect.isawaitable(behaviour):
+                behaviour = await behaviour
+        if isinstance(behaviour, type) and issubclass(behaviour, BaseException):
+            raise behaviour(f"{purpose} failed")
+        if isinstance(behaviour, BaseException):
+            raise behaviour
+        if isinstance(behaviour, LLMReply):
+            return behaviour
+        return LLMReply(str(behaviour), "stop", 100, 20, model)
+
+    def of(self, purpose: str) -> list[Call]:
+        return [c for c in self.calls if c.purpose == purpose]
+
+
+def extractive(messages: list[Message]) -> str:
+    """A scripted summarizer that returns only the lines containing FACT that it was given."""
+    text = "\n".join(str(m["content"]) for m in messages if m["role"] == "user")
+    lines = [line.strip() for line in text.splitlines() if "FACT" in line]
+    return "\n".join(dict.fromkeys(lines)) or "Nothing to keep from this part."
+
+
+# ---- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[DiskStore]:
+    s = DiskStore(tmp_path / "store")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter()
+
+
+MakeCompactor = Callable[..., Compactor]
+
+
+@pytest.fixture
+def make(store: DiskStore, counter: TokenCounter) -> MakeCompactor:
+    def build(llm: FakeLLM, **overrides: Any) -> Compactor:
+        settings = CompactionSettings(**{**SETTINGS.__dict__, **overrides})
+        return Compactor(settings, store, llm, PROMPTS, counter=counter)
+
+    return build
+
+
+async def prepare(c: Compactor, messages: list[Message], tenant: str = "tenant-a", **kw: Any) -> Prepared:
+    return await c.prepare(messages, model=MODEL, tenant=tenant, credential="sk-test", **kw)
+
+
+# ---- below trigger ---------------------------------------------------------------------------
+
+
+async def test_below_trigger_nothing_happens(make: MakeCompactor, store: DiskStore) -> None:
+    llm = FakeLLM()
+    c = make(llm, mode="inline")
+    msgs = conversation(4)
+    p = await prepare(c, msgs)
+    assert p.original_tokens <= SETTINGS.trigger_tokens
+    assert p.decision.action == "forward" and p.decision.reason == "below trigger"
+    assert p.record is None and not p.compacted_now and p.case == "none"
+    assert dumps(p.forwarded) == dumps(msgs)
+    assert p.forwarded_tokens == p.original_tokens
+    c.schedule(p)
+    await c.drain()
+    assert llm.calls == []
+    assert list(store.keys("")) == []
+
+
+# ---- inline and background compaction --------------------------------------------------------
+
+
+async def test_inline_compaction_substitutes_on_the_next_prepare(make: MakeCompactor) -> None:
+    llm = FakeLLM()
+    c = make(llm, mode="inline")
+    msgs = conversation(14)
+    first = await prepare(c, msgs)
+    assert SETTINGS.trigger_tokens < first.original_tokens <= SETTINGS.emergency_tokens
+    assert first.decision.action == "inline"
+    assert first.compacted_now and first.case == "summarize"
+    assert first.record is not None
+    assert first.forwarded_tokens < first.original_tokens
+    assert first.forwarded[1]["content"].startswith(f"{SUMMARY_PREFIX}{first.record.k - 1} earlier")
+    assert GOOD_SUMMARY in first.forwarded[1]["content"]
+    assert_well_formed(first)
+    assert [c.purpose for c in llm.calls] == ["detector", "summarizer"]
+
+    # The client resends its full history plus a new turn: the stored record applies.
+    longer = msgs + [{"role": "user", "content": "One more question."}]
+    second = await prepare(c, longer)
+    assert second.record == first.record
+    assert not second.compacted_now
+    assert second.decision.action == "forward"
+    assert dumps(second.forwarded[: len(first.forwarded)]) == dumps(first.forwarded)
+    assert second.forwarded[-1] == longer[-1]
+    assert second.forwarded_tokens < second.original_tokens
+    assert_well_formed(second)
+    assert len(llm.calls) == 2  # no new LLM calls
+
+
+async def test_background_compaction_via_schedule_and_drain(make: MakeCompactor) -> None:
+    llm = FakeLLM()
+    c = make(llm, mode="background")
+    msgs = conversation(14)
+    p = await prepare(c, msgs)
+    assert p.decision.action == "background"
+    assert not p.compacted_now and p.record is None
+    assert dumps(p.forwarded) == dumps(msgs)  # this request goes out as sent
+    assert llm.calls == []
+    c.schedule(p)
+    await c.drain()
+    assert len(llm.of("summarizer")) == 1
+    nxt = await prepare(c, msgs + [{"role": "user", "content": "next"}])
+    assert nxt.record is not None and nxt.case == "summarize"
+    assert nxt.forwarded_tokens < nxt.original_tokens
+    assert_well_formed(nxt)
+    events = store_events(c, nxt)
+    assert [e["case"] for e in events] == ["summarize"]
+
+
+def store_events(c: Compactor, p: Prepared) -> list[dict[str, Any]]:
+    from proxy.store import get_list
+
+    return get_list(c.store, conv_key("ev", p.tenant, p.conversation))
+
+
+async def test_later_compaction_folds_in_the_earlier_summary(make: MakeCompactor) -> None:
+    summaries = iter(["FIRST-SUMMARY: the parser work is done.", "SECOND-SUMMARY: all good."])
+    llm = FakeLLM(summarizer=lambda _m: next(summaries))
+    c = make(llm, mode="inline")
+    msgs = conversation(14)
+    first = await prepare(c, msgs)
+    assert first.compacted_now and first.record is not None
+    grown = conversation(26)
+    assert dumps(grown[: len(msgs)]) == dumps(msgs)  # same history, grown
+    second = await prepare(c, grown)
+    assert second.compacted_now and second.record is not None
+    calls = llm.of("summarizer")
+    assert len(calls) == 2
+    assert "EARLIER SUMMARY:\nFIRST-SUMMARY: the parser work is done." in calls[1].user_text
+    assert "FIRST-SUMMARY" not in calls[0].user_text
+    # The new record points at a longer original prefix; one summary is forwarded.
+    assert second.record.k > first.record.k
+    assert sum(1 for m in second.forwarded if str(m.get("content", "")).startswith(SUMMARY_PREFIX)) == 1
+    assert "SECOND-SUMMARY" in second.forwarded[1]["content"]
+    assert second.forwarded[1]["content"].startswith(f"{SUMMARY_PREFIX}{second.record.k - 1} ")
+    assert_well_formed(second)
+    # The summarizer's span is exactly what the new record replaces (after the old summary).
+    span_turns = re.findall(r"USER: Turn (\d+)\.", calls[1].user_text)
+    kept_turns = [int(m["content"].split(".")[0].split()[1]) for m in second.forwarded
+                  if m["role"] == "user"]
+    assert int(span_turns[-1]) + 1 == kept_turns[0]
+    assert int(span_turns[0]) == int(re.findall(
+        r"Turn (\d+)\.", first.forwarded[2]["content"])[0])
+
+
+async def test_llm_requests_are_prose_without_tool_shapes(make: MakeCompactor) -> None:
+    llm = FakeLLM()
+    c = make(llm, mode="inline")
+    p = await prepare(c, conversation(14))
+    assert p.compacted_now
+    assert {call.purpose for call in llm.calls} == {"detector", "summarizer"}
+    for call in llm.calls:
+        assert [m["role"] for m in call.messages] == ["system", "user"]
+        for m in call.messages:
+            assert set(m) == {"role", "content"} and isinstance(m["content"], str)
+        assert call.model == MODEL and call.credential == "sk-test"
+    summarizer = llm.of("summarizer")[0]
+    assert summarizer.max_tokens == SETTINGS.summary_budget_tokens
+    assert "called tool read_file(" in summarizer.user_text
+    assert "TOOL RESULT (call_0_2):" in summarizer.user_text
+    assert "Summarize in 200 tokens." == summarizer.messages[0]["content"]
+
+
+async def test_configured_models_are_used(make: MakeCompactor) -> None:
+    llm = FakeLLM()
+    c = make(llm, mode="inline", detection_model="det-model", summary_model="sum-model")
+    await prepare(c, conversation(14))
+    assert [(x.purpose, x.model) for x in llm.calls] == [
+        ("detector", "det-model"),
+        ("summarizer", "sum-model"),
+    ]
+
+
+# ---- failures and cooldown -------------------------------------------------------------------
+
+FAILURES = [
+    pytest.param(CompactionFailed, id="raises-CompactionFailed"),
+    pytest.param("", id="empty"),
+    pytest.param("   \n  ", id="whitespace"),
+    pytest.param("I'm sorry, but I can't help with that request.", id="refusal"),
+    pytest.param(LLMReply(GOOD_SUMMARY, "length", 100, 200, MODEL), id="finish-length"),
+    pytest.param(LLMReply("", "tool_calls", 100, 20, MODEL), id="tool-call"),
+]
+
+
+@pytest.mark.parametrize("failure", FAILURES)
+async def test_failing_summarizer_leaves_the_request_and_cools_down(
+    make: MakeCompactor, store: DiskStore, failure: Behaviour
+) -> None:
+    llm = FakeLLM(summarizer=failure)
+    c = make(llm, mode="inline")
+    msgs = conversation(14)
+    p = await prepare(c, msgs)
+    assert p.decision.action == "inline"
+    assert len(llm.of("summarizer")) == 1
+    assert p.record is None and not p.compacted_now and p.case == "none"
+    assert dumps(p.forwarded) == dumps(msgs)
+    assert p.forwarded_tokens == p.original_tokens
+    assert store.get(conv_key("cool", p.tenant, p.conversation)) is not None
+    assert [e["case"] for e in store_events(c, p)] == ["failed"]
+
+    calls = len(llm.calls)
+    again = await prepare(c, msgs + [{"role": "user", "content": "still there?"}])
+    assert len(llm.calls) == calls  # cooling down: the LLM is not called again
+    assert again.decision.action == "forward" and "cooling" in again.decision.reason
+    assert again.record is None
+    c.schedule(again)
+    await c.drain()
+    assert len(llm.calls) == calls
+
+
+async def test_failing_background_compaction_cools_down(make: MakeCompactor) -> None:
+    llm = FakeLLM(summarizer="")
+    c = make(llm, mode="background")
+    msgs = conversation(14)
+    p = await prepare(c, msgs)
+    c.schedule(p)
+    await c.drain()
+    assert len(llm.of("summarizer")) == 1
+    nxt = await prepare(c, msgs)
+    assert nxt.decision.action == "forward" and not nxt.decision.use_llm
+    c.schedule(nxt)
+    await c.drain()
+    assert len(llm.of("summarizer")) == 1
+
+
+async def test_cooldown_expires(make: MakeCompactor) -> None:
+    llm = FakeLLM(summarizer="")
+    c = make(llm, mode="inline", cooldown_s=0.2)
+    msgs = conversation(14)
+    await prepare(c, msgs)
+    await asyncio.sleep(0.4)
+    await prepare(c, msgs)
+    assert len(llm.of("summarizer")) == 2
+
+
+@pytest.mark.parametrize("failure", [CompactionFailed, "", "Sorry, I can't do that."])
+async def test_over_emergency_with_a_failing_llm_truncates_whole_turns(
+    make: MakeCompactor, failure: Behaviour
+) -> None:
+    llm = FakeLLM(summarizer=failure, detector=CompactionFailed)
+    c = make(llm, mode="background")
+    msgs = conversation(30)
+    p = await prepare(c, msgs)
+    limit = SETTINGS.emergency_tokens
+    assert p.original_tokens > limit
+    assert p.decision.action == "inline" and p.decision.limit_tokens == limit
+    assert p.compacted_now and p.case == "emergency"
+    assert p.record is not None and p.record.case == "emergency"
+    assert p.forwarded_tokens <= limit
+    assert EMERGENCY_NOTE in p.forwarded[1]["content"]
+    assert_well_formed(p)
+    # Only whole turns were dropped, the oldest ones, and as few as needed.
+    assert p.original[p.record.k]["role"] == "user"
+    kept = len(p.forwarded) - 2
+    assert dumps(p.forwarded[2:]) == dumps(msgs[-kept:])
+    assert len(llm.of("summarizer")) == 1
+
+    # Cooling down: the next, longer request is truncated again without any LLM call.
+    calls = len(llm.calls)
+    more = msgs + conversation(3, seed=9, system=False)
+    nxt = await prepare(c, more)
+    assert len(llm.calls) == calls
+    assert nxt.forwarded_tokens <= limit
+    assert_well_formed(nxt)
+
+
+async def test_over_the_context_window_compacts_inline(make: MakeCompactor) -> None:
+    llm = FakeLLM()
+    # The emergency limit (1M) is far above gpt-4o-mini's 128k window: the window binds.
+    c = make(llm, mode="background", trigger_tokens=100_000, emergency_factor=10.0,
+             verbatim_window_tokens=20_000)
+    msgs = conversation(500, words=150, tool_every=0)
+    p = await prepare(c, msgs)
+    assert p.original_tokens > 128_000 >= p.decision.limit_tokens
+    assert p.decision.reason == "over context window"
+    assert p.compacted_now and p.forwarded_tokens <= p.decision.limit_tokens
+    assert_well_formed(p)
+
+
+async def test_detector_garbage_still_summarizes(make: MakeCompactor) -> None:
+    for detector in ("not json at all {", "", CompactionFailed, '{"boundary_index": "abc"}'):
+        llm = FakeLLM(detector=detector)
+        c = make(llm, mode="inline")
+        p = await prepare(c, conversation(14), tenant=f"t-{detector!r}")
+        assert p.compacted_now and p.case == "summarize", detector
+        assert len(llm.of("summarizer")) == 1
+
+
+async def test_confident_boundary_truncates_with_a_note(make: MakeCompactor) -> None:
+    msgs = conversation(14)
+
+    def detect(messages: list[Message]) -> str:
+        # Point at the last-but-one user turn of the excerpt.
+        lines = messages[1]["content"].splitlines()
+        users = [int(x.split("]")[0][1:]) for x in lines if re.match(r"\[\d+\] USER:", x)]
+        return json.dumps({"boundary_index": users[-2], "boundary_reason": "new task",
+                           "confidence": "90%", "summary": "Old topic: the ledger NOTE-42."})
+
+    llm = FakeLLM(detector=detect)
+    c = make(llm, mode="inline")
+    p = await prepare(c, msgs)
+    assert p.compacted_now and p.case == "truncate"
+    assert llm.of("summarizer") == []
+    assert "Old topic: the ledger NOTE-42." in p.forwarded[1]["content"]
+    assert sum(1 for m in p.forwarded[2:] if m["role"] == "user") == 2
+    assert_well_formed(p)
+
+    llm2 = FakeLLM(detector=detect)
+    c2 = make(llm2, mode="inline", truncate_keeps_note=False)
+    p2 = await prepare(c2, msgs, tenant="other")
+    assert p2.case == "truncate" and p2.record is not None and p2.record.summary is None
+    assert p2.forwarded[0] == msgs[0] and p2.forwarded[1]["role"] == "user"
+    assert_well_formed(p2)
+
+
+# ---- concurrency, tenants, edits -------------------------------------------------------------
+
+
+async def test_concurrent_inline_prepares_share_one_compaction(make: MakeCompactor) -> None:
+    llm = FakeLLM(delay=0.05)
+    c = make(llm, mode="inline")
+    msgs = conversation(14)
+    a, b = await asyncio.gather(prepare(c, msgs), prepare(c, copy.deepcopy(msgs)))
+    assert len(llm.of("summarizer")) == 1
+    assert len(llm.of("detector")) == 1
+    assert a.record is not None and a.record == b.record
+    assert dumps(a.forwarded) == dumps(b.forwarded)
+    assert a.forwarded_tokens < a.original_tokens
+    assert {a.compacted_now, b.compacted_now} == {True}
+
+
+async def test_cancelled_compaction_does_not_strand_a_waiting_request(
+    make: MakeCompactor,
+) -> None:
+    gate = asyncio.Event()
+
+    async def blocked(_messages: list[Message]) -> str:
+        await gate.wait()
+        return GOOD_SUMMARY
+
+    llm = FakeLLM(summarizer=blocked)
+    c = make(llm, mode="inline")
+    lookups = 0
+    original_lookup = c._lookup_sync
+
+    def counting_lookup(*args: Any) -> Any:
+        nonlocal lookups
+        lookups += 1
+        return original_lookup(*args)
+
+    c._lookup_sync = counting_lookup  # type: ignore[method-assign]
+    msgs = conversation(14)
+    first = asyncio.create_task(prepare(c, msgs))
+    while not llm.of("summarizer"):
+        await asyncio.sleep(0.01)
+    second = asyncio.create_task(prepare(c, msgs))
+    while lookups < 2:
+        await asyncio.sleep(0.01)
+    for _ in range(5):
+        await asyncio.sleep(0.01)  # let the second request reach the running compaction
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    gate.set()
+    # A hang guard, not a timing assertion: the waiter must finish at all.
+    p = await asyncio.wait_for(second, timeout=20)
+    assert dumps(p.original) == dumps(msgs)
+    assert_well_formed(p)
+    # The lock was released: a later request can compact.
+    third = await prepare(c, msgs)
+    assert third.record is not None
+
+
+async def test_a_second_tenant_never_gets_the_first_tenants_record(make: MakeCompactor) -> None:
+    llm = FakeLLM()
+    msgs = conversation(14)
+    inline = make(llm, mode="inline")
+    a = await prepare(inline, msgs, tenant="tenant-a", conversation_header="shared-id")
+    assert a.compacted_now and a.record is not None
+    background = make(llm, mode="background")
+    for header in ("shared-id", None):
+        b = await prepare(background, msgs, tenant="tenant-b", conversation_header=header)
+        assert b.record is None and dumps(b.forwarded) == dumps(msgs)
+        # Even looking under tenant B's keys with tenant A's conversation finds nothing.
+        chain_b = prefix_chain("tenant-b", fingerprints(msgs))
+        assert background._lookup_sync("tenant-b", a.conversation, chain_b) == (None, False)
+    again = await prepare(background, msgs, tenant="tenant-a", conversation_header="shared-id")
+    assert again.record == a.record
+
+
+@pytest.mark.parametrize("header", [None, "pinned"])
+async def test_an_edited_early_message_gets_no_stale_summary(
+    make: MakeCompactor, header: str | None
+) -> None:
+    llm = FakeLLM()
+    msgs = conversation(14)
+    a = await prepare(make(llm, mode="inline"), msgs, conversation_header=header)
+    assert a.record is not None
+    background = make(llm, mode="background")
+    for index in (0, 1, 2, a.record.k - 1):
+        edited = copy.deepcopy(msgs)
+        edited[index]["content"] = str(edited[index].get("content")) + " (edited)"
+        p = await prepare(background, edited, conversation_header=header)
+        assert p.record is None, index
+        assert dumps(p.forwarded) == dumps(edited)
+    # An edit after k keeps the summary (the prefix it names is unchanged).
+    edited = copy.deepcopy(msgs)
+    edited[-1]["content"] = "changed answer"
+    assert (await prepare(background, edited, conversation_header=header)).record == a.record
+
+
+async def test_bypass_and_disabled_forward_unchanged(make: MakeCompactor) -> None:
+    llm = FakeLLM()
+    msgs = conversation(30)
+    c = make(llm, mode="inline")
+    p = await prepare(c, msgs, bypass=True)
+    assert p.case == "off" and p.record is None and dumps(p.forwarded) == dumps(msgs)
+    d = await prepare(make(llm, enabled=False), msgs)
+    assert d.record is None and dumps(d.forwarded) == dumps(msgs)
+    assert llm.calls == []
+
+
+# ---- five successive compactions keep every planted fact -------------------------------------
+
+FACTS = [
+    "FACT-1: the deploy ticket is OPS-4821.",
+    "FACT-2: the config lives at /srv/billing/config.yaml.",
+    "FACT-3: the staging port is 8443.",
+    "FACT-4: the database host is pg-billing-02.",
+    "FACT-5: the runbook is https://wiki.example.internal/runbooks/rollback.",
+    "FACT-6: the crash is a KeyError in parse_invoice().",
+    "FACT-7: the release branch is release-2024.11-hotfix3.",
+    "FACT-8: the on-call engineer is Priya Raman.",
+]
+
+
+def long_conversation(n_messages: int) -> tuple[list[Message], list[int]]:
+    """The first 8 user messages each start with one FACT line; returns their indices too."""
+    msgs = conversation(200, seed=7, words=55)
+    users = [i for i, m in enumerate(msgs) if m["role"] == "user"][: len(FACTS)]
+    for i, fact in zip(users, FACTS, strict=True):
+        msgs[i] = {**msgs[i], "content": f"{fact}\n{msgs[i]['content']}"}
+    return msgs[:n_messages], users
+
+
+async def test_five_successive_compactions_keep_every_planted_fact(
+    make: MakeCompactor,
+) -> None:
+    llm = FakeLLM(summarizer=extractive)
+    c = make(llm, mode="inline", trigger_tokens=3000, verbatim_window_tokens=800)
+    full, fact_indices = long_conversation(300)
+    assert len(full) == 300
+    compactions = 0
+    cases: list[str] = []
+    last: Prepared | None = None
+    for n in range(20, 301, 10):
+        msgs = full[:n]
+        if msgs[-1]["role"] == "assistant" and msgs[-1].get("tool_calls"):
+            msgs = full[: n + 1]  # never end on an unanswered call
+        last = await prepare(c, msgs)
+        assert last.forwarded_tokens <= SETTINGS.emergency_tokens * 1.5
+        if last.compacted_now:
+            compactions += 1
+            cases.append(last.case)
+            assert_well_formed(last)
+            text = forwarded_text(last)
+            assert all(f in text for f in FACTS), "a compaction lost a fact"
+    assert last is not None and last.record is not None
+    assert compactions >= 5, compactions
+    assert set(cases) == {"summarize"}
+    assert len(llm.of("summarizer")) == compactions
+    text = forwarded_text(last)
+    for fact in FACTS:
+        assert fact in text, fact
+    assert last.forwarded_tokens < last.original_tokens / 4
+    # The facts survive only through the summaries: their messages were replaced long ago.
+    assert last.record.k > fact_indices[-1]
+    assert_well_formed(last)
