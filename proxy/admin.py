@@ -55,6 +55,7 @@ MAX_PER_PAGE = 500
 MAX_HOURS = 24 * 31
 _TENANT_ID = re.compile(r"^([0-9a-f]{32}):(.+)$", re.S)
 _NO_STORE = {"cache-control": "no-store"}
+KEY_REFERENCES = "\n\nKey references: "  # how proxy.keyfacts.guard appends lost facts
 
 T = TypeVar("T")
 
@@ -297,6 +298,26 @@ def histories(store: Store, counter: TokenCounter, tenant: str, conv: str) -> di
     }
 
 
+def key_references(summary: str) -> list[str]:
+    """The facts the key-facts guard appended to a summary (its ``Key references:`` line)."""
+    at = summary.rfind(KEY_REFERENCES)
+    if at < 0:
+        return []
+    return [f for f in summary[at + len(KEY_REFERENCES) :].strip().split("; ") if f]
+
+
+def loss_report(summary: str | None, kept: list[str], dropped: list[str]) -> dict[str, Any]:
+    """Key facts of the replaced span: kept by the summary in its own words, appended to it as
+    key references, and dropped (found nowhere in the summary as forwarded)."""
+    text = summary or ""
+    appended = key_references(text)
+    return {
+        "facts_kept": kept,
+        "facts_appended": appended,
+        "facts_dropped": [f for f in dropped if f not in text],
+    }
+
+
 def _compaction(store: Store, tenant: str, conv: str, event: dict[str, Any]) -> dict[str, Any]:
     record: dict[str, Any] = {}
     prefix_hash = event.get("prefix_hash")
@@ -304,6 +325,7 @@ def _compaction(store: Store, tenant: str, conv: str, event: dict[str, Any]) -> 
         raw = store.get(conv_key("rec", tenant, conv) + ":" + prefix_hash)
         record = raw if isinstance(raw, dict) else {}
     summary = record.get("summary")
+    text = summary.get("content") if isinstance(summary, dict) else None
     return {
         "ts": event.get("ts"),
         "case": event.get("case"),
@@ -317,10 +339,11 @@ def _compaction(store: Store, tenant: str, conv: str, event: dict[str, Any]) -> 
         "reason": event.get("reason"),
         "boundary_reason": record.get("boundary_reason", ""),
         "confidence": record.get("confidence", event.get("confidence")),
-        "summary": summary.get("content") if isinstance(summary, dict) else None,
+        "summary": text,
         "summary_role": summary.get("role") if isinstance(summary, dict) else None,
-        "facts_kept": list(record.get("facts_kept") or []),
-        "facts_dropped": list(record.get("facts_dropped") or []),
+        **loss_report(
+            text, list(record.get("facts_kept") or []), list(record.get("facts_dropped") or [])
+        ),
         "record_available": bool(record),
         "prefix_hash": prefix_hash,
     }

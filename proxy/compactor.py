@@ -17,10 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import costs, detector, keyfacts, planner, stability, summarizer
+from . import costs, detector, keyfacts, ledger, planner, stability, summarizer
 from .errors import CompactionFailed, StoreError
 from .fingerprint import conversation_id, fingerprint, fingerprints, prefix_chain
-from .llm import LLM
+from .llm import LLM, LLMReply
 from .messages import Message, head_length, transcript
 from .modelmap import context_window, provider_family
 from .records import (
@@ -418,6 +418,7 @@ class Compactor:
         offset, window = detector.detector_window(fwd, plan.body_start, s.detector_window_messages)
         detection = detector.SAFE_DEFAULT
         llm_tokens = 0
+        llm_usd = 0.0
         try:
             reply = await self.llm.complete(
                 s.detection_model or prepared.model,
@@ -427,6 +428,7 @@ class Compactor:
                 credential=prepared.credential,
             )
             llm_tokens += reply.prompt_tokens + reply.completion_tokens
+            llm_usd += _reply_usd(reply)
             detection = detector.parse_detection(reply.text, len(window))
         except CompactionFailed as exc:
             # The detector is an optimisation: without it we still summarize.
@@ -460,6 +462,7 @@ class Compactor:
                 credential=prepared.credential,
             )
             llm_tokens += reply.prompt_tokens + reply.completion_tokens
+            llm_usd += _reply_usd(reply)
             try:
                 text = summarizer.accept(reply.text, reply.finish_reason)
             except summarizer.SummaryRejected as exc:
@@ -473,6 +476,7 @@ class Compactor:
             confidence=detection.confidence,
             started=started,
             llm_tokens=llm_tokens,
+            llm_usd=llm_usd,
         )
 
     def _build(
@@ -486,6 +490,7 @@ class Compactor:
         confidence: float,
         started: float,
         llm_tokens: int = 0,
+        llm_usd: float = 0.0,
     ) -> Outcome:
         """A record for cutting the forwarded list at ``cut``, if it saves tokens."""
         fwd = prepared.forwarded
@@ -525,6 +530,7 @@ class Compactor:
             duration_s=round(time.monotonic() - started, 4),
             model=prepared.model,
             llm_tokens=llm_tokens,
+            llm_usd=llm_usd,
         )
         return Outcome(case, record, reason or case)
 
@@ -561,6 +567,16 @@ class Compactor:
                 {"k": record.k, "h": record.prefix_hash},
                 ttl,
                 MAX_CHECKPOINTS,
+            )
+            ledger.record_compaction(
+                self.store,
+                prepared.tenant,
+                prepared.conversation,
+                record=record.prefix_hash,
+                case=record.case,
+                llm_tokens=record.llm_tokens,
+                llm_usd=record.llm_usd,
+                retention_s=ttl,
             )
 
         try:
@@ -623,6 +639,12 @@ class Compactor:
             await self._io(write)
         except StoreError:
             pass
+
+
+def _reply_usd(reply: LLMReply) -> float:
+    return costs.llm_cost(
+        costs.prices_for(reply.model), reply.prompt_tokens, reply.completion_tokens
+    )
 
 
 def _head_len(prepared: Prepared) -> int:

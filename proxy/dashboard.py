@@ -63,6 +63,14 @@ def fmt_ts(ts: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
 
 
+def fmt_short_ts(ts: Any) -> str:
+    return time.strftime("%m-%d %H:%M", time.gmtime(ts)) if isinstance(ts, int | float) else ""
+
+
+def plural(n: Any, word: str) -> str:
+    return f"{fmt_int(n)} {word}{'' if n == 1 else 's'}"
+
+
 def short(value: str, n: int = 10) -> str:
     return value if len(value) <= n else value[:n] + "…"
 
@@ -175,7 +183,7 @@ def hourly_chart(series: Sequence[dict[str, Any]]) -> str:
                 f'<text x="{x + w / 2:.1f}" y="{_H - 6}" text-anchor="middle">{label}</text>'
             )
     return (
-        f'<svg class="chart" viewBox="0 0 {_W} {_H}" preserveAspectRatio="none" role="img" '
+        f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" '
         f'aria-label="original vs forwarded tokens per hour">{_axis(top)}{"".join(bars)}</svg>'
     )
 
@@ -210,7 +218,7 @@ def request_chart(requests: Sequence[dict[str, Any]]) -> str:
         x, _ = point(i, "original_tokens")
         lines.append(f'<text x="{x:.1f}" y="{_H - 6}" text-anchor="middle">#{i + 1}</text>')
     return (
-        f'<svg class="chart" viewBox="0 0 {_W} {_H}" preserveAspectRatio="none" role="img" '
+        f'<svg class="chart" viewBox="0 0 {_W} {_H}" role="img" '
         f'aria-label="tokens per request">{_axis(top)}{"".join(lines)}</svg>'
     )
 
@@ -250,8 +258,8 @@ def overview_tiles(totals: dict[str, Any]) -> str:
         )
         + tile(
             "requests", "Requests", fmt_int(totals["requests"]), totals["requests"],
-            f"{fmt_int(totals.get('conversations'))} conversations, "
-            f"{fmt_int(totals['errors'])} errors",
+            f"{plural(totals.get('conversations'), 'conversation')}, "
+            f"{plural(totals['errors'], 'error')}",
         )
         + "</div>"
     )  # fmt: skip
@@ -310,7 +318,8 @@ def conversations_table(listing: dict[str, Any], params: dict[str, Any]) -> str:
             f'<td class="num">{fmt_usd(c["saved_usd"])}</td>'
             f'<td class="num">{fmt_int(c["compactions"])}</td>'
             f"<td>{badge(c.get('last_case'))}</td>"
-            f'<td class="mute">{esc(fmt_ts(c.get("last_seen")))}</td>'
+            f'<td class="mute" title="{esc(fmt_ts(c.get("last_seen")))}">'
+            f"{esc(fmt_short_ts(c.get('last_seen')))}</td>"
             "</tr>"
         )
     if not rows:
@@ -319,7 +328,8 @@ def conversations_table(listing: dict[str, Any], params: dict[str, Any]) -> str:
         )
     page_no, pages = listing["page"], max(1, -(-listing["total"] // listing["per_page"]))
     pager = [
-        f'<span class="mute">page {page_no} of {pages} · {listing["total"]} conversations</span>'
+        f'<span class="mute">page {page_no} of {pages} · '
+        f"{plural(listing['total'], 'conversation')}</span>"
     ]
     if page_no > 1:
         pager.append(f'<a href="{esc(_query({**params, "page": page_no - 1}))}">← newer</a>')
@@ -371,26 +381,28 @@ def overview_body(data: dict[str, Any], listing: dict[str, Any], params: dict[st
 # ---- a conversation ----------------------------------------------------------------------
 
 
-def facts(kept: Sequence[str], dropped: Sequence[str]) -> str:
-    parts = [
-        '<div class="facts-line"><b>Loss report</b> <span class="mute">key facts of the '
-        f"replaced span: {len(kept)} kept, {len(dropped)} dropped</span></div>"
-    ]
-    if kept:
-        parts.append(
-            '<div class="facts kept">Kept: '
-            + "".join(f'<span class="fact kept">{esc(f)}</span>' for f in kept)
-            + "</div>"
-        )
-    if dropped:
-        parts.append(
-            '<div class="facts dropped">Dropped: '
-            + "".join(f'<span class="fact dropped">{esc(f)}</span>' for f in dropped)
-            + "</div>"
-        )
-    elif kept:
-        parts.append('<div class="mute">Nothing dropped.</div>')
-    return "".join(parts)
+def facts(kept: Sequence[str], appended: Sequence[str], dropped: Sequence[str]) -> str:
+    """The loss report: which key facts of the replaced span the forwarded summary keeps."""
+
+    def group(cls: str, label: str, items: Sequence[str]) -> str:
+        if not items:
+            return ""
+        chips = "".join(f'<span class="fact {cls}">{esc(f)}</span>' for f in items)
+        return f'<div class="facts {cls}">{esc(label)}: {chips}</div>'
+
+    line = (
+        '<div class="facts-line"><b>Loss report</b> <span class="mute">key facts of the replaced '
+        f"span: {len(kept)} kept by the summary, {len(appended)} added as key references, "
+        f"{len(dropped)} dropped</span></div>"
+    )
+    nothing = '<div class="mute">Nothing dropped.</div>' if not dropped else ""
+    return (
+        line
+        + group("kept", "Kept", kept)
+        + group("appended", "Added as key references", appended)
+        + group("dropped", "Dropped", dropped)
+        + nothing
+    )
 
 
 def timeline(compactions: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]) -> str:
@@ -418,7 +430,7 @@ def timeline(compactions: Sequence[dict[str, Any]], failures: Sequence[dict[str,
             f"<span>took <b>{float(c.get('duration_s') or 0):.2f} s</b></span>"
             f"<span>LLM tokens <b>{fmt_int(c.get('llm_tokens'))}</b></span></div>"
             + summary_html
-            + facts(c.get("facts_kept") or [], c.get("facts_dropped") or [])
+            + facts(c["facts_kept"], c["facts_appended"], c["facts_dropped"])
             + "</li>"
         )
     for f in failures:

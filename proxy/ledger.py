@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import costs
 from .modelmap import model_info
 from .records import conv_key
 from .store import Store
@@ -39,6 +40,7 @@ class RequestEntry:
     completion_tokens: int
     latency_s: float
     overhead_s: float
+    record: str | None = None  # prefix hash of the compaction in effect, if any
 
     @property
     def saved_tokens(self) -> int:
@@ -67,6 +69,22 @@ def usage_numbers(usage: Any) -> tuple[int, int, int, int]:
     return prompt, cached, write, completion
 
 
+_MAX_COMPACTIONS_TRACKED = 64
+
+
+def _add_saving(meta: dict[str, Any], saving: costs.RequestSaving) -> None:
+    meta["cache_tokens_lost"] = meta.get("cache_tokens_lost", 0) + saving.cache_tokens_lost
+    meta["actual_usd"] = meta.get("actual_usd", 0.0) + saving.actual_usd
+    meta["counterfactual_usd"] = meta.get("counterfactual_usd", 0.0) + saving.counterfactual_usd
+
+
+def net_usd(meta: dict[str, Any]) -> float:
+    """Dollars saved net of cache misses, cache writes and detector/summarizer calls."""
+    return (
+        meta.get("counterfactual_usd", 0.0) - meta.get("actual_usd", 0.0) - meta.get("llm_usd", 0.0)
+    )
+
+
 def _add(totals: dict[str, Any], entry: RequestEntry) -> dict[str, Any]:
     totals["requests"] = totals.get("requests", 0) + 1
     totals["original_tokens"] = totals.get("original_tokens", 0) + entry.original_tokens
@@ -91,8 +109,28 @@ def record_request(
     """Write one request to the conversation, the totals and the hourly series (sync)."""
     hour = time.strftime("%Y%m%d%H", time.gmtime(entry.ts))
 
+    prices = costs.prices_for(entry.model)
+    savings: list[costs.RequestSaving] = []
+
     def conv_update(meta: Any) -> dict[str, Any]:
         meta = meta if isinstance(meta, dict) else {"first_seen": entry.ts}
+        if entry.status < 400:
+            saving = costs.request_saving(
+                prices,
+                original_tokens=entry.original_tokens,
+                forwarded_tokens=entry.forwarded_tokens,
+                previous_original_tokens=meta.get("last_original_tokens", 0),
+                cached=entry.cached_tokens,
+                written=entry.cache_write_tokens,
+            )
+            savings[:] = [saving]
+            _add_saving(meta, saving)
+            meta["last_original_tokens"] = entry.original_tokens
+            if entry.record:
+                per = meta.setdefault("by_compaction", {}).setdefault(entry.record, {})
+                per["requests"] = per.get("requests", 0) + 1
+                per["gross_tokens"] = per.get("gross_tokens", 0) + saving.gross_tokens
+                _add_saving(per, saving)
         meta.update(
             tenant=entry.tenant,
             conversation=entry.conversation,
@@ -104,7 +142,14 @@ def record_request(
         return _add(meta, entry)
 
     store.update(conv_key("conv", entry.tenant, entry.conversation), conv_update, retention_s)
-    store.update(TOTALS_KEY, lambda t: _add(t if isinstance(t, dict) else {}, entry), None)
+
+    def totals_update(totals: Any) -> dict[str, Any]:
+        totals = _add(totals if isinstance(totals, dict) else {}, entry)
+        for saving in savings:
+            _add_saving(totals, saving)
+        return totals
+
+    store.update(TOTALS_KEY, totals_update, None)
     store.update(
         f"hour:{hour}",
         lambda t: _add(t if isinstance(t, dict) else {"hour": hour}, entry),
@@ -120,15 +165,33 @@ def record_request(
         store.set(conv_key("orig", entry.tenant, entry.conversation), original, retention_s)
 
 
-def record_compaction_cost(store: Store, llm_tokens: int) -> None:
-    store.update(
-        TOTALS_KEY,
-        lambda t: (
-            (t if isinstance(t, dict) else {})
-            | {
-                "compactions": (t or {}).get("compactions", 0) + 1,
-                "llm_tokens": (t or {}).get("llm_tokens", 0) + llm_tokens,
-            }
-        ),
-        None,
-    )
+def record_compaction(
+    store: Store,
+    tenant: str,
+    conversation: str,
+    *,
+    record: str,
+    case: str,
+    llm_tokens: int,
+    llm_usd: float,
+    retention_s: float | None,
+) -> None:
+    """Charge a compaction's detector/summarizer spend to its conversation and the totals."""
+
+    def charge(meta: Any, per_conversation: bool) -> dict[str, Any]:
+        meta = meta if isinstance(meta, dict) else {}
+        meta["compactions"] = meta.get("compactions", 0) + 1
+        meta["llm_tokens"] = meta.get("llm_tokens", 0) + llm_tokens
+        meta["llm_usd"] = meta.get("llm_usd", 0.0) + llm_usd
+        by_case = meta.setdefault("compactions_by_case", {})
+        by_case[case] = by_case.get(case, 0) + 1
+        if per_conversation:
+            tracked = meta.setdefault("by_compaction", {})
+            per = tracked.setdefault(record, {})
+            per.update(case=case, llm_tokens=llm_tokens, llm_usd=llm_usd)
+            while len(tracked) > _MAX_COMPACTIONS_TRACKED:
+                tracked.pop(next(iter(tracked)))
+        return meta
+
+    store.update(conv_key("conv", tenant, conversation), lambda m: charge(m, True), retention_s)
+    store.update(TOTALS_KEY, lambda m: charge(m, False), None)

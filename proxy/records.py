@@ -48,6 +48,7 @@ class CompactionRecord:
     duration_s: float = 0.0
     model: str = ""
     llm_tokens: int = 0
+    llm_usd: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

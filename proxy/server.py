@@ -269,6 +269,7 @@ def _finish(
         completion_tokens=completion,
         latency_s=round(latency, 4),
         overhead_s=round(overhead, 6),
+        record=prepared.record.prefix_hash if prepared.record else None,
     )
     task = asyncio.get_running_loop().create_task(_write_ledger(res, entry, prepared))
     res.compactor._tasks.add(task)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import random
+import re
 import tempfile
 from typing import Any
 
@@ -19,6 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from proxy.compactor import Compactor, Prepared
+from proxy.errors import CompactionFailed
 from proxy.fingerprint import conversation_id, fingerprints, prefix_chain
 from proxy.messages import head_length, text_of
 from proxy.planner import cut_points, emergency_cut, plan_cut
@@ -103,6 +106,23 @@ def compaction_settings(draw: st.DrawFn) -> CompactionSettings:
     )
 
 
+class BoundaryAt:
+    """A detector that points at the ``from_end``-th last USER line of its excerpt."""
+
+    def __init__(self, from_end: int, confidence: float) -> None:
+        self.from_end, self.confidence = from_end, confidence
+
+    def __repr__(self) -> str:
+        return f"BoundaryAt({self.from_end}, {self.confidence})"
+
+    def __call__(self, messages: list[Message]) -> str:
+        lines = messages[-1]["content"].splitlines()
+        users = [int(x[1 : x.index("]")]) for x in lines if re.match(r"\[\d+\] USER\b", x)]
+        index = users[max(0, len(users) - self.from_end)] if users else None
+        return json.dumps({"boundary_index": index, "boundary_reason": "new task",
+                           "confidence": self.confidence, "summary": "Earlier topic note."})
+
+
 detections = st.one_of(
     st.just('{"boundary_index": null, "confidence": 0}'),
     st.just("garbage, not JSON"),
@@ -112,8 +132,12 @@ detections = st.one_of(
         st.integers(-2, 60),
         st.sampled_from([0.2, 0.9, 1.0]),
     ),
+    st.builds(BoundaryAt, st.integers(1, 4), st.sampled_from([0.3, 0.9])),
 )
 SUMMARY = "Summary of the earlier part: the user asked questions and got answers."
+# Mostly a good summary; sometimes a failure (then cooldown, and emergency truncation when
+# the history is over the hard limit).
+summaries = st.sampled_from([SUMMARY, SUMMARY, SUMMARY, "", CompactionFailed])
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -176,10 +200,10 @@ def run(coro: Any) -> Any:
 class Engine:
     """A compactor over a fresh DiskStore in a temporary folder."""
 
-    def __init__(self, s: CompactionSettings, detection: str) -> None:
+    def __init__(self, s: CompactionSettings, detection: Any, summary: Any) -> None:
         self.tmp = tempfile.TemporaryDirectory()
         self.store = DiskStore(self.tmp.name)
-        self.llm = FakeLLM(summarizer=SUMMARY, detector=detection)
+        self.llm = FakeLLM(summarizer=summary, detector=detection)
         self.compactor = Compactor(s, self.store, self.llm, PROMPTS, counter=COUNTER)
 
     def __enter__(self) -> Engine:
@@ -237,12 +261,12 @@ def test_planner_cuts_are_legal(msgs: list[Message], s: CompactionSettings, seed
 
 
 @PROPERTY
-@given(conversations(), compaction_settings(), detections, st.data())
+@given(conversations(), compaction_settings(), detections, summaries, st.data())
 def test_engine_invariants_and_exact_prefix_substitution(
-    msgs: list[Message], s: CompactionSettings, detection: str, data: st.DataObject
+    msgs: list[Message], s: CompactionSettings, detection: Any, summary: Any, data: st.DataObject
 ) -> None:
     async def scenario() -> None:
-        with Engine(s, detection) as engine:
+        with Engine(s, detection, summary) as engine:
             p = await engine.prepare(copy.deepcopy(msgs))
             check_forwarded(p, s)
             event(f"case: {p.case}")
@@ -289,9 +313,13 @@ def test_engine_invariants_and_exact_prefix_substitution(
 
 
 @PROPERTY
-@given(conversations(), conversations(), compaction_settings(), detections)
+@given(conversations(), conversations(), compaction_settings(), detections, summaries)
 def test_engine_successive_compactions(
-    first: list[Message], later: list[Message], s: CompactionSettings, detection: str
+    first: list[Message],
+    later: list[Message],
+    s: CompactionSettings,
+    detection: Any,
+    summary: Any,
 ) -> None:
     """A history that grows after a compaction: the second compaction works on what is
     forwarded (summary + tail) and its record still names an exact original prefix."""
@@ -301,7 +329,7 @@ def test_engine_successive_compactions(
     grown = [*copy.deepcopy(first), *tail]
 
     async def scenario() -> None:
-        with Engine(s, detection) as engine:
+        with Engine(s, detection, summary) as engine:
             p1 = await engine.prepare(copy.deepcopy(first))
             check_forwarded(p1, s)
             p2 = await engine.prepare(copy.deepcopy(grown))
