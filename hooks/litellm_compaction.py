@@ -142,6 +142,9 @@ class LiteLLMRouterLLM:
             "temperature": 0,
             "drop_params": True,  # models that refuse temperature=0 still answer
             "timeout": self._timeout,
+            # One attempt, like the standalone proxy: a failure puts the conversation on
+            # cooldown instead of keeping an inline request waiting on retries.
+            "num_retries": 0,
             "metadata": {INTERNAL_FLAG: True, "compaction_purpose": purpose},
             "extra_headers": {PURPOSE_HEADER: purpose},
         }
@@ -253,9 +256,10 @@ class CompactionHook(CustomLogger):
     # -- the engine, built once per process --
 
     def _build(self) -> Compactor:
-        config = self._config or hook_config()
-        if not logging.getLogger("compaction_proxy").handlers:
+        # Our JSON log lines on stderr, unless the host process set up logging itself.
+        if not logging.getLogger("compaction_proxy").handlers and not logging.getLogger().handlers:
             setup_logging(os.environ.get("COMPACTION_PROXY_LOG_LEVEL", "INFO"))
+        config = self._config or hook_config()
         store = open_store(config.store.url)
         prompts = Prompts(detector=load_prompt("detector"), summarizer=load_prompt("summarizer"))
         llm = LiteLLMRouterLLM(timeout_s=config.compaction.llm_timeout_s)
@@ -380,6 +384,7 @@ class CompactionHook(CustomLogger):
                 completion_tokens=completion,
                 latency_s=round(latency, 4),
                 overhead_s=round(pending.overhead_s, 6),
+                record=prepared.record.prefix_hash if prepared.record else None,
             )
             log.debug(
                 "request",

@@ -112,6 +112,11 @@ def _derive(totals: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("saved_usd", 0.0)
     out["saved_pct"] = round(100 * _ratio(out["saved_tokens"], out["original_tokens"]), 2)
     out["cache_hit_rate"] = round(_ratio(out["cached_tokens"], out["prompt_tokens"]), 4)
+    if "counterfactual_usd" in out:
+        # Net of cache misses, cache writes and detector/summarizer calls (ledger.net_usd).
+        out["net_saved_usd"] = (
+            out["counterfactual_usd"] - out.get("actual_usd", 0.0) - out.get("llm_usd", 0.0)
+        )
     return out
 
 
@@ -294,7 +299,13 @@ def histories(store: Store, counter: TokenCounter, tenant: str, conv: str) -> di
         "forwarded": side(forwarded),
         "record": None
         if record is None
-        else {"k": record.k, "case": record.case, "prefix_hash": record.prefix_hash},
+        else {
+            "k": record.k,
+            "head_len": record.head_len,
+            "has_summary": record.summary is not None,
+            "case": record.case,
+            "prefix_hash": record.prefix_hash,
+        },
     }
 
 

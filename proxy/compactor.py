@@ -115,6 +115,7 @@ class Compactor:
         )
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._recent_stability: dict[tuple[str, str], StabilityState] = {}
 
     # ---- store access (sync store, run off the event loop) -------------------------------
 
@@ -165,6 +166,7 @@ class Compactor:
             try:
                 record, cooling = await self._io(self._lookup_sync, tenant, conversation, chain)
                 tracker, meta = await self._io(self._history_sync, tenant, conversation)
+                tracker = self._recent_stability.get((tenant, conversation), tracker)
             except StoreError as exc:
                 log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
         prepared = self._view(
@@ -232,7 +234,8 @@ class Compactor:
         if stability.has_cache_marks(prepared.original):
             return  # the client manages its own cache breakpoints: never touch them
         levels = stability.tiers(prepared.stability, self.tiers)
-        marks = stability.breakpoints(levels, head_len, summary_at)
+        can_mark = [stability.markable(m) for m in prepared.forwarded]
+        marks = stability.breakpoints(levels, head_len, summary_at, can_mark)
         if marks:
             prepared.forwarded = stability.with_marks(prepared.forwarded, marks)
             prepared.marked = True
@@ -297,6 +300,12 @@ class Compactor:
         compaction if the decision asked for one. Never blocks the caller."""
         loop = asyncio.get_running_loop()
         if prepared.stability is not None:
+            # The client's next request can arrive before the store write lands; this
+            # worker remembers the newest tracker itself (other workers read the store).
+            recent = self._recent_stability
+            recent[(prepared.tenant, prepared.conversation)] = prepared.stability
+            if len(recent) > 4096:
+                recent.pop(next(iter(recent)))
             self._spawn(loop.create_task(self._save_stability(prepared)))
         if prepared.decision.action == "background":
             self._spawn(loop.create_task(self.compact(prepared, inline=False)))

@@ -37,6 +37,7 @@ REFRESH_MS = 10_000
 PER_PAGE = 25
 CHART_HOURS = 24
 MESSAGE_PREVIEW_CHARS = 1200
+VERBATIM_PREVIEW_CHARS = 160
 COOKIE_MAX_AGE = 7 * 86400
 
 
@@ -246,7 +247,7 @@ def overview_tiles(totals: dict[str, Any]) -> str:
         )
         + tile(
             "saved-usd", "Dollars saved", fmt_usd(totals["saved_usd"]), totals["saved_usd"],
-            "at each model's input price", accent=True,
+            usd_note(totals), accent=True,
         )
         + tile(
             "compactions", "Compactions", fmt_int(totals.get("compactions")),
@@ -263,6 +264,12 @@ def overview_tiles(totals: dict[str, Any]) -> str:
         )
         + "</div>"
     )  # fmt: skip
+
+
+def usd_note(totals: dict[str, Any]) -> str:
+    if "net_saved_usd" in totals:
+        return f"{fmt_usd(totals['net_saved_usd'])} net of cache misses and compaction calls"
+    return "at each model's input price"
 
 
 _COLUMNS = [
@@ -472,7 +479,8 @@ def requests_table(requests: Sequence[dict[str, Any]]) -> str:
     )
 
 
-def message_html(message: dict[str, Any], tokens: int) -> str:
+def message_html(message: dict[str, Any], tokens: int, *, verbatim: bool = False) -> str:
+    """One message card; ``verbatim`` (the forwarded copy of an unchanged message) is short."""
     role = str(message.get("role") or "?")
     text = text_of(message)
     calls = []
@@ -483,13 +491,16 @@ def message_html(message: dict[str, Any], tokens: int) -> str:
     if message.get("tool_call_id"):
         role = f"{role} · {message['tool_call_id']}"
     body = "\n".join([text, *calls]).strip() or "(empty)"
-    is_summary = isinstance(message.get("content"), str) and message["content"].startswith(
-        SUMMARY_PREFIX
-    )
+    content = message.get("content")
+    is_summary = isinstance(content, str) and content.startswith(SUMMARY_PREFIX)
     cls = f"msg role-{esc(str(message.get('role')))}" + (" is-summary" if is_summary else "")
-    if len(body) > MESSAGE_PREVIEW_CHARS:
+    preview = VERBATIM_PREVIEW_CHARS if verbatim else MESSAGE_PREVIEW_CHARS
+    if verbatim:
+        cls += " verbatim"
+        role += " · unchanged"
+    if len(body) > preview:
         shown = (
-            f'<div class="body">{esc(body[:MESSAGE_PREVIEW_CHARS])}…</div><details>'
+            f'<div class="body">{esc(body[:preview])}…</div><details>'
             f"<summary>show all {len(body):,} characters</summary>"
             f'<div class="body">{esc(body)}</div></details>'
         )
@@ -502,14 +513,62 @@ def message_html(message: dict[str, Any], tokens: int) -> str:
     )
 
 
-def history_column(title: str, side: dict[str, Any], note: str) -> str:
-    items = [message_html(m, t) for m, t in zip(side["messages"], side["tokens"], strict=True)]
-    return (
-        f'<div><h2>{esc(title)} <span class="mute">· {side["count"]} messages · '
-        f'{fmt_int(side["total_tokens"])} tokens</span></h2><p class="mute">{esc(note)}</p>'
-        + ("".join(items) or '<p class="empty">Not recorded.</p>')
-        + "</div>"
+def histories_html(hist: dict[str, Any]) -> str:
+    """Original and forwarded side by side, aligned: the head, then the replaced span opposite
+    the summary that replaces it, then the verbatim tail."""
+    original, forwarded, record = hist["original"], hist["forwarded"], hist.get("record")
+    om, ot = original["messages"], original["tokens"]
+    fm, ft = forwarded["messages"], forwarded["tokens"]
+    head_len = record["head_len"] if record else 0
+    k = record["k"] if record else 0
+    body_start = head_len + (1 if record and record["has_summary"] else 0)
+    rows = []
+
+    def pair(left: str, right: str, cls: str = "pair") -> None:
+        rows.append(
+            f'<div class="{cls}"><div class="side-orig">{left}</div>'
+            f'<div class="side-fwd">{right}</div></div>'
+        )
+
+    def title(name: str, side: dict[str, Any], note: str) -> str:
+        return (
+            f'<h2>{esc(name)} <span class="mute">· {plural(side["count"], "message")} · '
+            f'{fmt_int(side["total_tokens"])} tokens</span></h2><p class="mute">{esc(note)}</p>'
+        )
+
+    note = (
+        f"With compaction k={record['k']} ({record['case']}) applied: what the proxy forwards "
+        "for this history now."
+        if record
+        else "No compaction applies to this history yet: it is forwarded as sent."
     )
+    pair(
+        title("Original", original, "The full history the client last sent."),
+        title("Forwarded", forwarded, note),
+        "pair titles",
+    )
+    for i in range(min(head_len, len(om))):
+        pair(message_html(om[i], ot[i]), message_html(fm[i], ft[i], verbatim=True))
+    if record:
+        replaced = "".join(message_html(om[i], ot[i]) for i in range(head_len, k))
+        left = (
+            f'<details class="replaced"><summary>{plural(k - head_len, "message")} · '
+            f"{fmt_int(sum(ot[head_len:k]))} tokens replaced by the summary (show)</summary>"
+            f"{replaced}</details>"
+        )
+        right = (
+            message_html(fm[head_len], ft[head_len])
+            if record["has_summary"]
+            else '<p class="mute">Dropped without a note.</p>'
+        )
+        pair(left, right, "pair replaced-span")
+    for offset, i in enumerate(range(k if record else head_len, len(om))):
+        j = body_start + offset
+        right = message_html(fm[j], ft[j], verbatim=True) if j < len(fm) else ""
+        pair(message_html(om[i], ot[i]), right)
+    if not om:
+        pair('<p class="empty">Not recorded.</p>', "")
+    return "".join(rows)
 
 
 def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
@@ -530,13 +589,6 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
                meta["cache_hit_rate"])
         + "</div>"
     )  # fmt: skip
-    record = hist.get("record")
-    fwd_note = (
-        f"The original with compaction record k={record['k']} ({record['case']}) applied: "
-        "what the proxy forwards for this history now."
-        if record
-        else "No compaction applies to this history yet: it is forwarded as sent."
-    )
     return (
         f'<p class="mute"><a href="/dashboard">Overview</a> / conversation</p>'
         f'<h1 class="mono">{esc(detail["conversation"])}</h1>'
@@ -559,10 +611,9 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
         + '<section class="card" id="requests-card" data-refresh><h2>Requests</h2>'
         + requests_table(detail["requests"])
         + "</section>"
-        + '<section class="card" id="histories"><div class="sides">'
-        + history_column("Original", hist["original"], "The full history the client last sent.")
-        + history_column("Forwarded", hist["forwarded"], fwd_note)
-        + "</div></section>"
+        + '<section class="card" id="histories"><h2>Histories side by side</h2>'
+        + histories_html(hist)
+        + "</section>"
     )
 
 

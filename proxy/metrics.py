@@ -175,8 +175,9 @@ class Metrics:
             self.upstream_latency.labels(route).observe(max(latency - overhead, 0.0))
             self.overhead.labels(route).observe(max(overhead, 0.0))
             model = self._model_label(prepared.model if prepared is not None else "unknown")
-            if cached > 0:
-                self.cached_tokens.labels(route, model).inc(cached)
+            # inc(0) too: every series exists from a model's first request, so queries and
+            # ratios over them work before the first saving or cache hit.
+            self.cached_tokens.labels(route, model).inc(max(cached, 0))
             if prepared is None:
                 return
             original, forwarded = prepared.original_tokens, prepared.forwarded_tokens
@@ -184,8 +185,7 @@ class Metrics:
             self.original_tokens.labels(route, model).inc(original)
             self.forwarded_tokens.labels(route, model).inc(forwarded)
             self.saved_tokens.labels(route, model).inc(saved)
-            if saved:
-                self.saved_usd.labels(route, model).inc(saved * input_price(prepared.model))
+            self.saved_usd.labels(route, model).inc(saved * input_price(prepared.model))
         except Exception:  # metrics never break a request
             log.exception("metrics: observe_request failed")
 

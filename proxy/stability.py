@@ -70,7 +70,8 @@ def prompt_items(fps: Sequence[bytes], head_len: int, summary_index: int | None)
 def observe(
     previous: StabilityState | None, items: Sequence[str], record: str | None
 ) -> StabilityState:
-    """The tracker after one more request: an item unchanged in place counts one more.
+    """The tracker after one more request: an item unchanged in place, with everything
+    before it unchanged too, counts one more; any other item restarts at 0.
 
     A different record than last time means a compaction happened: every ``history:*`` item
     is purged first, so it registers afresh at N = 0.
@@ -79,9 +80,10 @@ def observe(
     if previous is not None and previous.record != record:
         old = [(item, n) if not item.startswith("history:") else ("", 0) for item, n in old]
     counted = []
+    intact = True  # a provider cache is a prefix: after the first change nothing is reused
     for i, item in enumerate(items):
-        n = old[i][1] + 1 if i < len(old) and old[i][0] == item else 0
-        counted.append((item, n))
+        intact = intact and i < len(old) and old[i][0] == item
+        counted.append((item, old[i][1] + 1 if intact else 0))
     return StabilityState(record, tuple(counted))
 
 
@@ -89,18 +91,39 @@ def tiers(state: StabilityState, thresholds: TierThresholds) -> list[int]:
     return [thresholds.tier(n) for _, n in state.items]
 
 
-def _run_end(levels: Sequence[int], start: int, minimum: int) -> int | None:
-    """The last index of the unbroken run from ``start`` whose tier is at least ``minimum``."""
+def _run_end(
+    levels: Sequence[int], start: int, minimum: int, markable: Sequence[bool]
+) -> int | None:
+    """The last markable index of the unbroken run from ``start`` with tier >= ``minimum``."""
     end = None
     for i in range(start, len(levels)):
         if levels[i] < minimum:
             break
-        end = i
+        if markable[i]:
+            end = i
     return end
 
 
-def breakpoints(levels: Sequence[int], head_len: int, summary_index: int | None) -> list[int]:
-    """Message indices to mark: the head's end, the summary, and the ends of stable runs."""
+def markable(message: Message) -> bool:
+    """Whether a mark can go on this message (it needs text content to carry it)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return bool(content)
+    return isinstance(content, list) and bool(content) and isinstance(content[-1], dict)
+
+
+def breakpoints(
+    levels: Sequence[int],
+    head_len: int,
+    summary_index: int | None,
+    can_mark: Sequence[bool] | None = None,
+) -> list[int]:
+    """Message indices to mark: the head's end, the summary, and the ends of stable runs.
+
+    ``can_mark[i]`` says whether message i can carry a mark (a tool-call turn with no text
+    cannot); a run's mark goes on its last message that can.
+    """
+    can_mark = can_mark if can_mark is not None else [True] * len(levels)
     marks: list[int] = []
     if head_len:
         marks.append(head_len - 1)
@@ -109,7 +132,7 @@ def breakpoints(levels: Sequence[int], head_len: int, summary_index: int | None)
         marks.append(summary_index)
         body = summary_index + 1
     for minimum in (2, 1):
-        end = _run_end(levels, body, minimum)
+        end = _run_end(levels, body, minimum, can_mark)
         if end is not None:
             marks.append(end)
     unique = sorted(set(marks))
@@ -134,18 +157,16 @@ def with_marks(messages: Sequence[Message], indices: Sequence[int]) -> list[Mess
     """Copies of the marked messages with ``cache_control`` on their last content part."""
     out = list(messages)
     for i in indices:
+        if not markable(out[i]):
+            continue
         message = dict(out[i])
         content = message.get("content")
         if isinstance(content, str):
-            if not content:
-                continue
             message["content"] = [{"type": "text", "text": content, "cache_control": EPHEMERAL}]
-        elif isinstance(content, list) and content and isinstance(content[-1], dict):
+        else:
             parts = list(content)
             parts[-1] = {**parts[-1], "cache_control": EPHEMERAL}
             message["content"] = parts
-        else:
-            continue
         out[i] = message
     return out
 

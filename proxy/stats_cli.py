@@ -73,6 +73,11 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
         ("forwarded tokens", _int(totals["forwarded_tokens"])),
         ("tokens saved", f"{_int(totals['saved_tokens'])} ({totals['saved_pct']:.1f}%)"),
         ("dollars saved", _usd(totals["saved_usd"])),
+        *(
+            [("net of cache and LLM costs", _usd(totals["net_saved_usd"]))]
+            if "net_saved_usd" in totals
+            else []
+        ),
         ("compactions", _int(totals.get("compactions"))),
         ("compaction failures", _int(totals.get("compaction_failures"))),
         ("cache-hit rate", f"{100 * totals['cache_hit_rate']:.1f}%"),
@@ -87,8 +92,8 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
         return "\n".join(lines)
     lines.append(f"Top {len(conversations)} conversations by tokens saved")
     headers = [
-        "TENANT", "CONVERSATION", "MODEL", "REQS", "ORIGINAL", "FORWARDED", "SAVED", "SAVED%", "$ SAVED",
-        "COMPACTIONS", "LAST SEEN (UTC)",
+        "TENANT", "CONVERSATION", "MODEL", "REQS", "ORIGINAL", "FORWARDED", "SAVED", "SAVED%",
+        "$ SAVED", "COMPACTIONS", "LAST SEEN (UTC)",
     ]  # fmt: skip
     rows = [
         [

@@ -158,7 +158,9 @@ class FakeLLM:
         purpose: str,
         credential: str | None,
     ) -> LLMReply:
-        self.calls.append(Call(purpose, model, copy.deepcopy(list(messages)), max_tokens, credential))
+        self.calls.append(
+            Call(purpose, model, copy.deepcopy(list(messages)), max_tokens, credential)
+        )
         if self.delay:
             await asyncio.sleep(self.delay)
         behaviour = self.detector if purpose == "detector" else self.summarizer
@@ -212,7 +214,9 @@ def make(store: DiskStore, counter: TokenCounter) -> MakeCompactor:
     return build
 
 
-async def prepare(c: Compactor, messages: list[Message], tenant: str = "tenant-a", **kw: Any) -> Prepared:
+async def prepare(
+    c: Compactor, messages: list[Message], tenant: str = "tenant-a", **kw: Any
+) -> Prepared:
     return await c.prepare(messages, model=MODEL, tenant=tenant, credential="sk-test", **kw)
 
 
@@ -232,7 +236,8 @@ async def test_below_trigger_nothing_happens(make: MakeCompactor, store: DiskSto
     c.schedule(p)
     await c.drain()
     assert llm.calls == []
-    assert list(store.keys("")) == []
+    for kind in ("rec", "ck", "cool", "lock", "ev"):
+        assert list(store.keys(f"{kind}:")) == []
 
 
 # ---- inline and background compaction --------------------------------------------------------
@@ -309,17 +314,20 @@ async def test_later_compaction_folds_in_the_earlier_summary(make: MakeCompactor
     assert "FIRST-SUMMARY" not in calls[0].user_text
     # The new record points at a longer original prefix; one summary is forwarded.
     assert second.record.k > first.record.k
-    assert sum(1 for m in second.forwarded if str(m.get("content", "")).startswith(SUMMARY_PREFIX)) == 1
+    assert (
+        sum(1 for m in second.forwarded if str(m.get("content", "")).startswith(SUMMARY_PREFIX))
+        == 1
+    )
     assert "SECOND-SUMMARY" in second.forwarded[1]["content"]
     assert second.forwarded[1]["content"].startswith(f"{SUMMARY_PREFIX}{second.record.k - 1} ")
     assert_well_formed(second)
     # The summarizer's span is exactly what the new record replaces (after the old summary).
     span_turns = re.findall(r"USER: Turn (\d+)\.", calls[1].user_text)
-    kept_turns = [int(m["content"].split(".")[0].split()[1]) for m in second.forwarded
-                  if m["role"] == "user"]
+    kept_turns = [
+        int(m["content"].split(".")[0].split()[1]) for m in second.forwarded if m["role"] == "user"
+    ]
     assert int(span_turns[-1]) + 1 == kept_turns[0]
-    assert int(span_turns[0]) == int(re.findall(
-        r"Turn (\d+)\.", first.forwarded[2]["content"])[0])
+    assert int(span_turns[0]) == int(re.findall(r"Turn (\d+)\.", first.forwarded[2]["content"])[0])
 
 
 async def test_llm_requests_are_prose_without_tool_shapes(make: MakeCompactor) -> None:
@@ -447,8 +455,13 @@ async def test_over_emergency_with_a_failing_llm_truncates_whole_turns(
 async def test_over_the_context_window_compacts_inline(make: MakeCompactor) -> None:
     llm = FakeLLM()
     # The emergency limit (1M) is far above gpt-4o-mini's 128k window: the window binds.
-    c = make(llm, mode="background", trigger_tokens=100_000, emergency_factor=10.0,
-             verbatim_window_tokens=20_000)
+    c = make(
+        llm,
+        mode="background",
+        trigger_tokens=100_000,
+        emergency_factor=10.0,
+        verbatim_window_tokens=20_000,
+    )
     msgs = conversation(500, words=150, tool_every=0)
     p = await prepare(c, msgs)
     assert p.original_tokens > 128_000 >= p.decision.limit_tokens
@@ -473,8 +486,14 @@ async def test_confident_boundary_truncates_with_a_note(make: MakeCompactor) -> 
         # Point at the last-but-one user turn of the excerpt.
         lines = messages[1]["content"].splitlines()
         users = [int(x.split("]")[0][1:]) for x in lines if re.match(r"\[\d+\] USER:", x)]
-        return json.dumps({"boundary_index": users[-2], "boundary_reason": "new task",
-                           "confidence": "90%", "summary": "Old topic: the ledger NOTE-42."})
+        return json.dumps(
+            {
+                "boundary_index": users[-2],
+                "boundary_reason": "new task",
+                "confidence": "90%",
+                "summary": "Old topic: the ledger NOTE-42.",
+            }
+        )
 
     llm = FakeLLM(detector=detect)
     c = make(llm, mode="inline")

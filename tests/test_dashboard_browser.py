@@ -131,12 +131,20 @@ def test_dashboard_shows_savings_and_a_conversations_summary(
     assert "OPS-4821" in summary.inner_text()  # a planted fact, kept by the summary
     assert page.locator("#timeline .fact.kept").count() > 0
     assert "Loss report" in page.inner_text("#timeline")
-    original = page.locator("#histories .sides > div").nth(0)
-    forwarded = page.locator("#histories .sides > div").nth(1)
-    assert original.locator(".msg").count() > forwarded.locator(".msg").count()
-    assert forwarded.locator(".msg.is-summary").count() == 1
+    original = page.locator("#histories .side-orig .msg")
+    forwarded = page.locator("#histories .side-fwd .msg")
+    assert original.count() > forwarded.count() > 0
+    assert page.locator("#histories .side-fwd .msg.is-summary").count() == 1
+    # The replaced span sits opposite the summary that replaces it.
+    span = page.locator("#histories .replaced-span")
+    assert span.locator(".side-fwd .msg.is-summary").count() == 1
+    assert "replaced by the summary" in span.locator(".side-orig").inner_text()
+    span.screenshot(path=str(ARTIFACTS / "dashboard-replaced-span.png"))
     assert page.locator("#requests tbody tr").count() > 1
     page.screenshot(path=str(ARTIFACTS / "dashboard-conversation.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / "dashboard-conversation-top.png"))
+    page.locator("#histories").scroll_into_view_if_needed()
+    page.screenshot(path=str(ARTIFACTS / "dashboard-histories.png"))
     page.locator("#timeline").screenshot(path=str(ARTIFACTS / "dashboard-timeline.png"))
     assert errors == []
     assert outside == []  # nothing fetched from anywhere but the proxy: works offline

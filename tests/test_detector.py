@@ -33,7 +33,9 @@ def reply(**fields: Any) -> str:
 
 def test_clean_json() -> None:
     d = parse_detection(reply(), 10)
-    assert d == Detection(3, "the user moved to the billing bug", 0.9, "Set up the repo; tests pass.")
+    assert d == Detection(
+        3, "the user moved to the billing bug", 0.9, "Set up the repo; tests pass."
+    )
 
 
 @pytest.mark.parametrize(
@@ -108,7 +110,7 @@ def test_boundary_index_validation(value: Any, expected: int | None) -> None:
 def test_nan_and_infinite_indices() -> None:
     # Python's json accepts NaN/Infinity literals; they are not indices.
     for literal in ("NaN", "Infinity", "-Infinity"):
-        text = '{"boundary_index": %s, "confidence": 0.9}' % literal
+        text = '{"boundary_index": ' + literal + ', "confidence": 0.9}'
         assert parse_detection(text, 10).boundary_index is None
 
 
@@ -194,8 +196,11 @@ def test_indexed_lines_and_request() -> None:
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": "c1", "type": "function",
-                 "function": {"name": "grep", "arguments": '{"pattern": "x"}'}}
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "grep", "arguments": '{"pattern": "x"}'},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": "c1", "content": "y" * 50},

@@ -58,7 +58,10 @@ BENIGN_PAIRS = [
         {
             "tool_calls": [
                 {
-                    "function": {"arguments": TOOL_CALL["function"]["arguments"], "name": "read_file"},
+                    "function": {
+                        "arguments": TOOL_CALL["function"]["arguments"],
+                        "name": "read_file",
+                    },
                     "type": "function",
                     "id": "call_1",
                 }
@@ -146,7 +149,10 @@ MEANING_CHANGES = [
     pytest.param(USER, {"role": "user", "content": "hello"}, id="name-removed"),
     pytest.param(
         {"role": "user", "content": "hello"},
-        {"role": "user", "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hel"}, {"type": "text", "text": "lo"}],
+        },
         id="two-parts-are-not-one-string",
     ),
     pytest.param(
@@ -175,7 +181,9 @@ MEANING_CHANGES = [
         _with(ASSISTANT_CALL, content="Let me look."),
         id="text-next-to-tool-call",
     ),
-    pytest.param(TOOL_RESULT, _with(TOOL_RESULT, tool_call_id="call_2"), id="tool-call-id-of-result"),
+    pytest.param(
+        TOOL_RESULT, _with(TOOL_RESULT, tool_call_id="call_2"), id="tool-call-id-of-result"
+    ),
     pytest.param(TOOL_RESULT, _with(TOOL_RESULT, content="43"), id="tool-result-content"),
     pytest.param(
         {"role": "user", "content": ""}, {"role": "user", "content": None}, id="empty-user-not-null"

@@ -76,7 +76,7 @@ def test_guard_appends_only_lost_facts_and_reports() -> None:
     assert set(report.appended) == {"/srv/billing/config.yaml", "port 8443"}
     assert report.dropped == ()
     assert out.startswith(summary)
-    tail = out[len(summary):]
+    tail = out[len(summary) :]
     assert tail.startswith("\n\nKey references: ")
     assert "/srv/billing/config.yaml" in tail and "port 8443" in tail
     for kept in report.kept:

@@ -363,9 +363,15 @@ def _run_unchanged(proc: LiteLLMProcess, upstream: ScriptedUpstream, tenant: str
         assert forwarded == [on_the_wire(m) for m in sent]
 
 
-@pytest.mark.parametrize("store", ["file-in-the-way", "redis-closed-port"])
+@pytest.mark.parametrize(
+    "store,logged",
+    [
+        ("file-in-the-way", "compaction hook cannot start"),
+        ("redis-closed-port", "store lookup failed"),
+    ],
+)
 def test_unusable_store_serves_requests_unchanged(
-    upstream: ScriptedUpstream, tmp_path: Path, store: str
+    upstream: ScriptedUpstream, tmp_path: Path, store: str, logged: str
 ) -> None:
     upstream.reset()
     upstream.detector_mode = upstream.summarizer_mode = "garbage"
@@ -376,10 +382,13 @@ def test_unusable_store_serves_requests_unchanged(
     else:
         store_url = f"redis://127.0.0.1:{free_port()}/0"
     compaction = {**COMPACTION, "mode": "inline"}
-    with running(tmp_path, upstream, compaction, store_url, "env") as proc:
-        _run_unchanged(proc, upstream, tenant=store)
-        assert any("ERROR" in line or "error" in line for line in proc.hook_log_lines())
-    upstream.reset()
+    try:
+        with running(tmp_path, upstream, compaction, store_url, "env") as proc:
+            _run_unchanged(proc, upstream, tenant=store)
+            with proc.logs_on_failure():
+                assert any(logged in line for line in proc.hook_log_lines())
+    finally:
+        upstream.reset()
 
 
 @pytest.mark.parametrize(
@@ -398,8 +407,10 @@ def test_failing_detector_and_summarizer_serve_requests_unchanged(
         _run_unchanged(litellm_proc, upstream, tenant=request.node.name)
         with litellm_proc.logs_on_failure():
             assert _wait_for(lambda: len(upstream.chat_requests("summarizer")) >= 1)
-            # The failure put the conversation on cooldown: no retry storm.
-            assert len(upstream.chat_requests("summarizer")) <= 3 * 1  # one attempt + retries
+            time.sleep(0.5)
+            # One attempt (no retries), then the conversation cools down: no retry storm.
+            assert len(upstream.chat_requests("detector")) == 1
+            assert len(upstream.chat_requests("summarizer")) == 1
     finally:
         upstream.reset()
 
@@ -424,7 +435,7 @@ class _NoLLM:
 
 def _hook_with(store: Any, settings: CompactionSettings | None = None) -> CompactionHook:
     compactor = Compactor(
-        settings or CompactionSettings(trigger_tokens=50, verbatim_window_tokens=20),
+        settings or CompactionSettings(),
         store,
         _NoLLM(),
         Prompts(detector="d", summarizer="s"),

@@ -43,8 +43,7 @@ def calls(*ids: str) -> Message:
         "role": "assistant",
         "content": None,
         "tool_calls": [
-            {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}}
-            for i in ids
+            {"id": i, "type": "function", "function": {"name": "f", "arguments": "{}"}} for i in ids
         ],
     }
 
@@ -55,12 +54,9 @@ def result(call_id: str) -> Message:
 
 def separated(messages: list[Message], cut: int) -> bool:
     """True when a tool result at or after ``cut`` answers a call issued before ``cut``."""
-    issued = {
-        c["id"]: i for i, m in enumerate(messages) for c in (m.get("tool_calls") or [])
-    }
+    issued = {c["id"]: i for i, m in enumerate(messages) for c in (m.get("tool_calls") or [])}
     return any(
-        m.get("role") == "tool" and issued.get(m["tool_call_id"], cut) < cut
-        for m in messages[cut:]
+        m.get("role") == "tool" and issued.get(m["tool_call_id"], cut) < cut for m in messages[cut:]
     )
 
 
@@ -107,8 +103,12 @@ def test_head_system_and_developer_messages_are_never_cuts() -> None:
     msgs = [sys_(), {"role": "developer", "content": "d"}, user(), asst(), user()]
     assert head_length(msgs) == 2
     assert all(c >= 2 for c in cut_points(msgs))
-    plan = plan_cut(msgs, [10] * len(msgs), 2, CompactionSettings(verbatim_window_tokens=5,
-                                                                  min_verbatim_exchanges=1))
+    plan = plan_cut(
+        msgs,
+        [10] * len(msgs),
+        2,
+        CompactionSettings(verbatim_window_tokens=5, min_verbatim_exchanges=1),
+    )
     assert plan is not None and plan.body_start == 2
     assert all(c > plan.body_start for c in [plan.verbatim_start, plan.latest_cut])
     cut = emergency_cut(msgs, [10] * len(msgs), 2, limit_tokens=1, note_tokens=0)
@@ -185,8 +185,9 @@ def test_plan_cut_skips_an_earlier_summary() -> None:
     assert summary_index(msgs, 1) == 1
     assert summary_index(alternating(3), 1) is None
     counts = [10] * len(msgs)
-    plan = plan_cut(msgs, counts, 1, CompactionSettings(verbatim_window_tokens=25,
-                                                        min_verbatim_exchanges=1))
+    plan = plan_cut(
+        msgs, counts, 1, CompactionSettings(verbatim_window_tokens=25, min_verbatim_exchanges=1)
+    )
     assert plan is not None
     assert plan.head_len == 1 and plan.body_start == 2
     assert all(c >= 2 for c in plan.cuts)

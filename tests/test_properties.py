@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import random
 import re
 import tempfile
@@ -38,7 +39,8 @@ WORDS = (
 ).split()
 
 PROPERTY = settings(
-    max_examples=40,
+    max_examples=int(os.environ.get("PROPERTY_EXAMPLES", "40")),
+    database=None,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -119,20 +121,29 @@ class BoundaryAt:
         lines = messages[-1]["content"].splitlines()
         users = [int(x[1 : x.index("]")]) for x in lines if re.match(r"\[\d+\] USER\b", x)]
         index = users[max(0, len(users) - self.from_end)] if users else None
-        return json.dumps({"boundary_index": index, "boundary_reason": "new task",
-                           "confidence": self.confidence, "summary": "Earlier topic note."})
+        return json.dumps(
+            {
+                "boundary_index": index,
+                "boundary_reason": "new task",
+                "confidence": self.confidence,
+                "summary": "Earlier topic note.",
+            }
+        )
 
 
 detections = st.one_of(
     st.just('{"boundary_index": null, "confidence": 0}'),
     st.just("garbage, not JSON"),
     st.builds(
-        lambda i, c: f'{{"boundary_index": {i}, "boundary_reason": "new task", '
-        f'"confidence": {c}, "summary": "Earlier topic note."}}',
+        lambda i, c: (
+            f'{{"boundary_index": {i}, "boundary_reason": "new task", '
+            f'"confidence": {c}, "summary": "Earlier topic note."}}'
+        ),
         st.integers(-2, 60),
         st.sampled_from([0.2, 0.9, 1.0]),
     ),
     st.builds(BoundaryAt, st.integers(1, 4), st.sampled_from([0.3, 0.9])),
+    st.builds(BoundaryAt, st.integers(1, 3), st.just(0.9)),  # weights towards truncation
 )
 SUMMARY = "Summary of the earlier part: the user asked questions and got answers."
 # Mostly a good summary; sometimes a failure (then cooldown, and emergency truncation when
@@ -150,8 +161,7 @@ def dumps(value: Any) -> bytes:
 def separated(messages: list[Message], cut: int) -> bool:
     issued = {c["id"]: i for i, m in enumerate(messages) for c in (m.get("tool_calls") or [])}
     return any(
-        m.get("role") == "tool" and issued.get(m["tool_call_id"], cut) < cut
-        for m in messages[cut:]
+        m.get("role") == "tool" and issued.get(m["tool_call_id"], cut) < cut for m in messages[cut:]
     )
 
 

@@ -33,7 +33,9 @@ def msgs(n: int) -> list[dict[str, Any]]:
     return out
 
 
-def record(k: int, chain: list[bytes], summary: str | None = "S", head_len: int = 1) -> CompactionRecord:
+def record(
+    k: int, chain: list[bytes], summary: str | None = "S", head_len: int = 1
+) -> CompactionRecord:
     return CompactionRecord(
         k=k,
         prefix_hash=chain[k].hex(),
@@ -53,7 +55,11 @@ def test_conv_key_is_namespaced_by_tenant() -> None:
 def test_find_checkpoint_takes_the_largest_exact_match() -> None:
     m = msgs(10)
     chain = prefix_chain("t", fingerprints(m))
-    cps = [Checkpoint(3, chain[3].hex()), Checkpoint(7, chain[7].hex()), Checkpoint(5, chain[5].hex())]
+    cps = [
+        Checkpoint(3, chain[3].hex()),
+        Checkpoint(7, chain[7].hex()),
+        Checkpoint(5, chain[5].hex()),
+    ]
     assert find_checkpoint(cps, chain) == cps[1]
     # A shorter history (k beyond its end) cannot match k=7.
     short = prefix_chain("t", fingerprints(m[:6]))
@@ -245,7 +251,9 @@ def test_open_store_diskcache_url(tmp_path: Path) -> None:
         s.close()
 
 
-def test_open_store_expands_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_open_store_expands_the_home_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     s = open_store("diskcache://~/proxy-state")
     try:

@@ -112,10 +112,15 @@ def test_build_request_folds_in_the_earlier_summary_first() -> None:
 
 def test_build_request_renders_dict_arguments_and_names() -> None:
     span = [
-        {"role": "user", "name": "ann", "content": [{"type": "text", "text": "hi"},
-                                                    {"type": "image_url", "image_url": {}}]},
-        {"role": "assistant", "tool_calls": [
-            {"id": "c", "function": {"name": "f", "arguments": {"a": 1}}}]},
+        {
+            "role": "user",
+            "name": "ann",
+            "content": [{"type": "text", "text": "hi"}, {"type": "image_url", "image_url": {}}],
+        },
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": {"a": 1}}}],
+        },
     ]
     body = build_request("p", span, None, 1)[1]["content"]
     assert "USER (ann): hi\n[image]" in body
