@@ -8,7 +8,7 @@ that conversation (as ``Compactor._store`` writes it), and times what every requ
 before any decision:
 
 - ``fingerprints``: ``proxy.fingerprint.fingerprints`` over all messages;
-- ``chain``: ``prefix_chain`` over those fingerprints;
+- ``chain``: ``prefix_chain`` over those fingerprints, plus the conversation id;
 - ``lookup``: ``Compactor._lookup_sync`` (cooldown key, checkpoints, record) on the store;
 - ``count``: ``TokenCounter.count_messages`` with the fingerprints, cold (a fresh counter,
   empty memo) and warm (the memo already holds every message).
@@ -29,7 +29,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,12 +132,6 @@ def _store_record(store: DiskStore, tenant: str, messages: list[Message]) -> str
     return conversation
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    start = time.perf_counter()
-    value = fn()
-    return time.perf_counter() - start, value
-
-
 def measure(n_messages: int, reps: int, store_dir: Path) -> dict[str, Any]:
     messages = conversation(n_messages)
     tenant = tenant_id("sk-bench")
@@ -165,19 +158,25 @@ def measure(n_messages: int, reps: int, store_dir: Path) -> dict[str, Any]:
             "total_cold": [],
             "total_warm": [],
         }
+        clock = time.perf_counter
         for _ in range(reps):
             gc.collect()
-            t_fp, fps = _timed(lambda: fingerprints(messages))
-            t_chain, chain = _timed(lambda fps=fps: prefix_chain(tenant, fps))
+            t0 = clock()
+            fps = fingerprints(messages)
+            t1 = clock()
+            chain = prefix_chain(tenant, fps)
             conv = conversation_id(chain, messages)
-            t_lookup, _ = _timed(
-                lambda chain=chain, conv=conv: compactor._lookup_sync(tenant, conv, chain)
-            )
+            t3 = clock()
+            compactor._lookup_sync(tenant, conv, chain)
+            t4 = clock()
             cold_counter = TokenCounter()
-            t_cold, _ = _timed(
-                lambda fps=fps, c=cold_counter: c.count_messages(messages, MODEL, fps)
-            )
-            t_warm, _ = _timed(lambda fps=fps: warm_counter.count_messages(messages, MODEL, fps))
+            t5 = clock()
+            cold_counter.count_messages(messages, MODEL, fps)
+            t6 = clock()
+            warm_counter.count_messages(messages, MODEL, fps)
+            t7 = clock()
+            t_fp, t_chain, t_lookup = t1 - t0, t3 - t1, t4 - t3
+            t_cold, t_warm = t6 - t5, t7 - t6
             common = t_fp + t_chain + t_lookup
             for name, value in (
                 ("fingerprints", t_fp),

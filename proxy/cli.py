@@ -57,6 +57,14 @@ def _serve(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"compaction-proxy: configuration error: {exc}", file=sys.stderr)
         return 2
+    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # Several workers: /metrics must sum them all, which prometheus-client does through
+        # a shared folder. A fresh private one per run, so old counts never leak in.
+        import tempfile
+
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(
+            prefix="compaction-proxy-metrics-"
+        )
     print(
         f"compaction-proxy listening on http://{config.listen.host}:{config.listen.port}/v1 "
         f"-> {config.upstream.base_url}",

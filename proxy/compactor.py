@@ -511,11 +511,12 @@ class Compactor:
         summary_msg = None
         kept: tuple[str, ...] = ()
         dropped: tuple[str, ...] = ()
+        appended: tuple[str, ...] = ()
         if text is not None:
             text, report = keyfacts.guard(
                 transcript(fwd[head_len:cut]), text, self.settings.key_references_max_chars
             )
-            kept, dropped = report.kept, report.dropped
+            kept, dropped, appended = report.kept, report.dropped, report.appended
             summary_msg = planner.summary_message(text, covered, self.settings.summary_role)
         after = list(fwd[:head_len]) + ([summary_msg] if summary_msg else []) + list(fwd[cut:])
         tokens_after = sum(self.counter.count_messages(after, prepared.model)) + 3
@@ -536,6 +537,7 @@ class Compactor:
             confidence=confidence,
             facts_kept=list(kept),
             facts_dropped=list(dropped),
+            facts_appended=list(appended),
             duration_s=round(time.monotonic() - started, 4),
             model=prepared.model,
             llm_tokens=llm_tokens,

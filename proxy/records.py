@@ -45,6 +45,7 @@ class CompactionRecord:
     confidence: float = 0.0
     facts_kept: list[str] = field(default_factory=list)
     facts_dropped: list[str] = field(default_factory=list)
+    facts_appended: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     model: str = ""
     llm_tokens: int = 0

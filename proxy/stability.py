@@ -163,7 +163,7 @@ def with_marks(messages: Sequence[Message], indices: Sequence[int]) -> list[Mess
         content = message.get("content")
         if isinstance(content, str):
             message["content"] = [{"type": "text", "text": content, "cache_control": EPHEMERAL}]
-        else:
+        elif isinstance(content, list):
             parts = list(content)
             parts[-1] = {**parts[-1], "cache_control": EPHEMERAL}
             message["content"] = parts

@@ -178,7 +178,7 @@ class RedisStore:
         # INCRBYFLOAT stores a plain number, which _load reads back as JSON.
         value = float(self._guard(self._redis.incrbyfloat, key, delta))
         if ttl:
-            self._guard(self._redis.pexpire, key, self._px(ttl))
+            self._guard(self._redis.pexpire, key, int(ttl * 1000))
         return value
 
     def append(self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000) -> None:
@@ -187,7 +187,7 @@ class RedisStore:
         pipe.rpush(list_key, _dump(item))
         pipe.ltrim(list_key, -max_items, -1)
         if ttl:
-            pipe.pexpire(list_key, self._px(ttl))
+            pipe.pexpire(list_key, int(ttl * 1000))
         self._guard(pipe.execute)
 
     def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any:

@@ -516,8 +516,30 @@ async def test_confident_boundary_truncates_with_a_note(make: MakeCompactor) -> 
 
 
 async def test_concurrent_inline_prepares_share_one_compaction(make: MakeCompactor) -> None:
-    llm = FakeLLM(delay=0.05)
+    both_looked_up = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    async def detect(_messages: list[Message]) -> str:
+        # Truly concurrent: the compaction cannot finish before the second request has
+        # looked the conversation up (and so found no record yet).
+        await both_looked_up.wait()
+        await asyncio.sleep(0.05)
+        return NULL_DETECTION
+
+    llm = FakeLLM(detector=detect)
     c = make(llm, mode="inline")
+    lookups = 0
+    original_lookup = c._lookup_sync
+
+    def counting_lookup(*args: Any) -> Any:
+        nonlocal lookups
+        result = original_lookup(*args)
+        lookups += 1
+        if lookups == 2:
+            loop.call_soon_threadsafe(both_looked_up.set)
+        return result
+
+    c._lookup_sync = counting_lookup  # type: ignore[method-assign]
     msgs = conversation(14)
     a, b = await asyncio.gather(prepare(c, msgs), prepare(c, copy.deepcopy(msgs)))
     assert len(llm.of("summarizer")) == 1

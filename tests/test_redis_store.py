@@ -1,0 +1,142 @@
+"""The Redis backend against a real redis-server, and two proxy replicas sharing it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from proxy.errors import StoreError
+from proxy.store import RedisStore, get_list, open_store
+from tests.checks import assert_forwarded_faithful, summary_index
+from tests.conversations import drive_conversation
+from tests.proxyproc import ProxyProcess, free_port
+from tests.upstream import ScriptedUpstream
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    assert binary, "redis-server is not installed (apt-get install -y redis-server)"
+    port = free_port()
+    work = tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(work),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            RedisStore(url).get("ping")
+            break
+        except StoreError:
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(5)
+
+
+def test_redis_store_operations(redis_url: str) -> None:
+    store = open_store(redis_url)
+    assert isinstance(store, RedisStore)
+    store.set("a", {"x": 1})
+    assert store.get("a") == {"x": 1}
+    assert store.get("missing") is None
+    assert store.add("lock", 1, ttl=5) is True
+    assert store.add("lock", 2, ttl=5) is False
+    store.delete("lock")
+    assert store.add("lock", 3, ttl=0.2) is True
+    time.sleep(0.4)
+    assert store.get("lock") is None, "TTL not honoured"
+    assert store.incr("n") == 1 and store.incr("n", 2.5) == 3.5
+    for i in range(5):
+        store.append("events", {"i": i}, max_items=3)
+    assert [e["i"] for e in get_list(store, "events")] == [2, 3, 4]
+    assert store.update("u", lambda v: (v or 0) + 1) == 1
+    assert "events" in set(store.keys("ev"))
+    store.close()
+
+
+def _bump(url: str, n: int) -> None:
+    store = RedisStore(url)
+    for _ in range(n):
+        store.update("shared-counter", lambda v: (v or 0) + 1)
+
+
+def test_update_is_atomic_across_processes(redis_url: str) -> None:
+    RedisStore(redis_url).delete("shared-counter")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_bump, args=(redis_url, 150)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert RedisStore(redis_url).get("shared-counter") == 300
+
+
+def test_unreachable_redis_is_a_store_error() -> None:
+    store = RedisStore(f"redis://127.0.0.1:{free_port()}/0")
+    with pytest.raises(StoreError):
+        store.get("x")
+
+
+def test_two_replicas_share_compactions_through_redis(redis_url: str, tmp_path: Path) -> None:
+    """A compaction made by one replica is substituted by the other: one summary, one prefix."""
+    compaction = {"trigger_tokens": 4000, "verbatim_window_tokens": 1200, "mode": "inline"}
+    with ScriptedUpstream() as up:
+        (tmp_path / "a").mkdir()
+        (tmp_path / "b").mkdir()
+        store = {"url": redis_url.replace("/0", "/1")}
+        with (
+            ProxyProcess(tmp_path / "a", up.base_url, store=store, compaction=compaction) as a,
+            ProxyProcess(tmp_path / "b", up.base_url, store=store, compaction=compaction) as b,
+        ):
+            clients = [
+                openai.OpenAI(base_url=px.base_url, api_key="sk-shared", max_retries=0)
+                for px in (a, b)
+            ]
+            sent: list[list[dict[str, Any]]] = []
+
+            def send(messages: list[dict[str, Any]]) -> Any:
+                sent.append(messages)
+                client = clients[len(sent) % 2]  # alternate replicas, like a load balancer
+                reply = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+                return reply.choices[0].message.model_dump(exclude_none=True)
+
+            drive_conversation(send, 30, "You are a coding assistant.")
+        forwarded = [r.json["messages"] for r in up.chat_requests()]
+        for client_msgs, fwd in zip(sent, forwarded, strict=True):
+            assert_forwarded_faithful(client_msgs, fwd)
+        with_summary = [f for f in forwarded if summary_index(f) is not None]
+        assert len(with_summary) >= 10
+        # Consecutive requests served by different replicas carry the same summary bytes.
+        same = sum(
+            1
+            for x, y in zip(forwarded, forwarded[1:], strict=False)
+            if summary_index(x) and summary_index(y) and x[1] == y[1]
+        )
+        assert same >= 5
+        summaries = {f[1]["content"] for f in with_summary}
+        assert len(up.chat_requests("summarizer")) == len(summaries)
