@@ -415,6 +415,11 @@ class Compactor:
             self._event(prepared, {"case": "failed", "error": str(exc)[:300]})
             await self._flush_events(prepared)
             return await self._fallback(prepared, f"compaction failed: {exc}")
+        if outcome.record is None:
+            if outcome.reason != "nothing to cut":
+                # The LLMs ran and nothing came of it: do not pay for it again next request.
+                await self._cooldown(prepared)
+            return await self._fallback(prepared, outcome.reason)
         return await self._store(prepared, outcome)
 
     async def _llm_compaction(self, prepared: Prepared, started: float) -> Outcome:

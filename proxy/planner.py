@@ -49,9 +49,10 @@ def decide(
         return Decision("forward", "bypassed by x-compaction: off", use_llm=False)
     if not settings.enabled:
         return Decision("forward", "compaction disabled", use_llm=False)
-    if forwarded_tokens <= settings.trigger_tokens:
-        return Decision("forward", "below trigger", use_llm=False)
     limit = hard_limit(settings, context_window)
+    # The limit comes first: a small model's context window can be below the trigger.
+    if forwarded_tokens <= settings.trigger_tokens and forwarded_tokens <= limit:
+        return Decision("forward", "below trigger", use_llm=False)
     if forwarded_tokens > limit:
         why = (
             "over context window"

@@ -8,6 +8,7 @@ import inspect
 import json
 import random
 import re
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -529,14 +530,16 @@ async def test_concurrent_inline_prepares_share_one_compaction(make: MakeCompact
     llm = FakeLLM(detector=detect)
     c = make(llm, mode="inline")
     lookups = 0
+    lock = threading.Lock()
     original_lookup = c._lookup_sync
 
     def counting_lookup(*args: Any) -> Any:
         nonlocal lookups
         result = original_lookup(*args)
-        lookups += 1
-        if lookups == 2:
-            loop.call_soon_threadsafe(both_looked_up.set)
+        with lock:  # lookups run in worker threads
+            lookups += 1
+            if lookups == 2:
+                loop.call_soon_threadsafe(both_looked_up.set)
         return result
 
     c._lookup_sync = counting_lookup  # type: ignore[method-assign]

@@ -163,7 +163,8 @@ def test_cache_simulation(up, client):
     third = client.chat.completions.create(
         model="m", messages=[{"role": "system", "content": "other"}] + history[1:])
     assert third.usage.prompt_tokens_details.cached_tokens == 0
-    assert [c for _, c in up.cached_log] == [0, cached, 0]
+    # (a late request of an earlier test may land in the log first)
+    assert [c for _, c in up.cached_log][-3:] == [0, cached, 0]
 
 
 def test_models_embeddings_echo_slow(up, client):
