@@ -374,6 +374,13 @@ class Compactor:
                     break
             return await self._reuse(prepared)
         try:
+            # Another worker may have stored a compaction between our lookup and the lock.
+            chain = prefix_chain(prepared.tenant, fingerprints(prepared.original))
+            latest, _ = await self._io(
+                self._lookup_sync, prepared.tenant, prepared.conversation, chain
+            )
+            if latest is not None and latest != prepared.record:
+                return Outcome(latest.case, latest, "reused a compaction stored meanwhile")
             return await self._compact(prepared, inline)
         finally:
             try:
