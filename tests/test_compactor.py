@@ -700,3 +700,19 @@ async def test_five_successive_compactions_keep_every_planted_fact(
     # The facts survive only through the summaries: their messages were replaced long ago.
     assert last.record.k > fact_indices[-1]
     assert_well_formed(last)
+
+
+async def test_a_compaction_that_saves_nothing_cools_down(
+    make: MakeCompactor, store: DiskStore
+) -> None:
+    # A summary longer than what it replaces: no record, and no new LLM calls next time.
+    llm = FakeLLM(summarizer="FACT padding. " * 2000)
+    c = make(llm, mode="inline")
+    msgs = conversation(14)
+    p = await prepare(c, msgs)
+    assert p.record is None and p.case == "none"
+    assert len(llm.of("summarizer")) == 1
+    assert store.get(conv_key("cool", p.tenant, p.conversation)) is not None
+    calls = len(llm.calls)
+    await prepare(c, msgs + [{"role": "user", "content": "and now?"}])
+    assert len(llm.calls) == calls

@@ -351,3 +351,11 @@ def test_emergency_cut_skips_an_earlier_summary() -> None:
 def test_summary_message_format() -> None:
     m = summary_message("  the text \n", 12, "user")
     assert m == {"role": "user", "content": f"{SUMMARY_PREFIX}12 earlier messages]\n\nthe text"}
+
+
+def test_decide_context_window_below_the_trigger_still_compacts() -> None:
+    # A small local model (say 800 tokens) behind a proxy whose trigger is higher.
+    assert S.trigger_tokens > 800
+    d = decide(900, S, context_window=800)
+    assert d.action == "inline" and d.limit_tokens == 800 and "context window" in d.reason
+    assert decide(700, S, context_window=800).action == "forward"
