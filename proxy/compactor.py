@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -309,6 +309,10 @@ class Compactor:
             self._spawn(loop.create_task(self._save_stability(prepared)))
         if prepared.decision.action == "background":
             self._spawn(loop.create_task(self.compact(prepared, inline=False)))
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run ``coro`` after the response, tracked so that ``drain`` waits for it."""
+        self._spawn(asyncio.get_running_loop().create_task(coro))
 
     def _spawn(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)

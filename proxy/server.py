@@ -271,9 +271,7 @@ def _finish(
         overhead_s=round(overhead, 6),
         record=prepared.record.prefix_hash if prepared.record else None,
     )
-    task = asyncio.get_running_loop().create_task(_write_ledger(res, entry, prepared))
-    res.compactor._tasks.add(task)
-    task.add_done_callback(res.compactor._tasks.discard)
+    res.compactor.spawn(_write_ledger(res, entry, prepared))
 
 
 async def _write_ledger(res: Resources, entry: ledger.RequestEntry, prepared: Prepared) -> None:

@@ -1,0 +1,190 @@
+"""A minimal, fast OpenAI-compatible upstream for the overhead benchmark.
+
+    python -m bench.upstream_fast --port 8765 [--host 127.0.0.1]
+
+An ``asyncio.Protocol`` over ``httptools`` (uvloop when installed) answering every
+``POST /v1/chat/completions`` with the same fixed reply, as JSON or, when the body asks for
+``"stream": true``, as server-sent events (with a usage chunk when ``include_usage`` is
+asked for). ``GET /v1/models`` lists the one model; anything else is a 404. HTTP/1.1
+keep-alive, no logging, no JSON parsing of the request: the benchmark wants an upstream whose
+own cost is a small, constant part of every row. It prints ``ready <port>`` on stdout once it
+listens. Only ever bind it to 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import httptools
+import orjson
+
+MODEL = "gpt-4o-mini"
+REPLY_TEXT = "This is the fixed reply of the benchmark upstream; it never changes."
+USAGE = {
+    "prompt_tokens": 1000,
+    "completion_tokens": 16,
+    "total_tokens": 1016,
+    "prompt_tokens_details": {"cached_tokens": 0},
+}
+
+
+def _completion() -> bytes:
+    return orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": MODEL,
+            "system_fingerprint": "fp_bench",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": REPLY_TEXT},
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": USAGE,
+        }
+    )
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None) -> dict[str, object]:
+    return {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": MODEL,
+        "system_fingerprint": "fp_bench",
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def _events(include_usage: bool) -> bytes:
+    """The SSE body, each event as its own HTTP chunk (as a real upstream would frame it)."""
+    words = REPLY_TEXT.split(" ")
+    pieces = [" ".join(words[i : i + 4]) + " " for i in range(0, len(words), 4)]
+    chunks = [_chunk({"role": "assistant", "content": ""})]
+    chunks += [_chunk({"content": piece}) for piece in pieces]
+    chunks.append(_chunk({}, "stop"))
+    if include_usage:
+        final = _chunk({})
+        final["choices"], final["usage"] = [], USAGE
+        chunks.append(final)
+    events = [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+    return b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+
+
+def _head(status: str, content_type: bytes, extra: bytes, keep_alive: bool) -> bytes:
+    connection = b"keep-alive" if keep_alive else b"close"
+    return (
+        b"HTTP/1.1 " + status.encode() + b"\r\ncontent-type: " + content_type + b"\r\n"
+        b"connection: " + connection + b"\r\n" + extra + b"\r\n"
+    )
+
+
+JSON_BODY = _completion()
+STREAM_BODY = _events(include_usage=False)
+STREAM_USAGE_BODY = _events(include_usage=True)
+MODELS_BODY = orjson.dumps(
+    {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "bench"}]}
+)
+NOT_FOUND = orjson.dumps({"error": {"message": "not found", "type": "invalid_request_error"}})
+
+
+def _stream_asked(body: bytes) -> tuple[bool, bool]:
+    """Whether the body asks for streaming (and usage), without parsing the JSON."""
+    stream = b'"stream":true' in body or b'"stream": true' in body
+    usage = stream and (b'"include_usage":true' in body or b'"include_usage": true' in body)
+    return stream, usage
+
+
+def response_for(method: bytes, url: bytes, body: bytes, keep_alive: bool) -> bytes:
+    path = url.split(b"?", 1)[0].rstrip(b"/")
+    if method == b"POST" and path.endswith(b"/chat/completions"):
+        stream, usage = _stream_asked(body)
+        if stream:
+            events = STREAM_USAGE_BODY if usage else STREAM_BODY
+            head = _head("200 OK", b"text/event-stream", b"transfer-encoding: chunked\r\n",
+                         keep_alive)
+            return head + events
+        length = b"content-length: %d\r\n" % len(JSON_BODY)
+        return _head("200 OK", b"application/json", length, keep_alive) + JSON_BODY
+    if method == b"GET" and path.endswith(b"/models"):
+        length = b"content-length: %d\r\n" % len(MODELS_BODY)
+        return _head("200 OK", b"application/json", length, keep_alive) + MODELS_BODY
+    length = b"content-length: %d\r\n" % len(NOT_FOUND)
+    return _head("404 Not Found", b"application/json", length, keep_alive) + NOT_FOUND
+
+
+class UpstreamProtocol(asyncio.Protocol):
+    """One connection: parse requests with httptools, answer each from the fixed replies."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.body: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError:
+            if self.transport is not None:
+                self.transport.close()
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.body = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.transport is None:
+            return
+        keep_alive = self.parser.should_keep_alive()
+        method = self.parser.get_method()
+        self.transport.write(response_for(method, self.url, b"".join(self.body), keep_alive))
+        if not keep_alive:
+            self.transport.close()
+
+
+async def serve(host: str, port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(UpstreamProtocol, host, port, backlog=1024)
+    actual = server.sockets[0].getsockname()[1]
+    print(f"ready {actual}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.upstream_fast", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
+    args = parser.parse_args(argv)
+    try:
+        from uvloop import run
+    except ImportError:  # plain asyncio works, a little slower
+        from asyncio import run
+    try:
+        run(serve(args.host, args.port))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
