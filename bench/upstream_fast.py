@@ -108,8 +108,9 @@ def response_for(method: bytes, url: bytes, body: bytes, keep_alive: bool) -> by
         stream, usage = _stream_asked(body)
         if stream:
             events = STREAM_USAGE_BODY if usage else STREAM_BODY
-            head = _head("200 OK", b"text/event-stream", b"transfer-encoding: chunked\r\n",
-                         keep_alive)
+            head = _head(
+                "200 OK", b"text/event-stream", b"transfer-encoding: chunked\r\n", keep_alive
+            )
             return head + events
         length = b"content-length: %d\r\n" % len(JSON_BODY)
         return _head("200 OK", b"application/json", length, keep_alive) + JSON_BODY
@@ -130,8 +131,7 @@ class UpstreamProtocol(asyncio.Protocol):
         self.body: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
 
     def data_received(self, data: bytes) -> None:
         try:

@@ -71,6 +71,7 @@ class Prepared:
     events: list[dict[str, Any]] = field(default_factory=list)
     stability: StabilityState | None = None
     marked: bool = False
+    summary_role: str = "system"
 
     @property
     def changed(self) -> bool:
@@ -152,6 +153,7 @@ class Compactor:
         credential: str | None = None,
         conversation_header: str | None = None,
         bypass: bool = False,
+        summary_role: str | None = None,
     ) -> Prepared:
         """Identify, substitute, count and decide; compact inline when the decision says so."""
         fps = fingerprints(messages)
@@ -172,6 +174,7 @@ class Compactor:
         prepared = self._view(
             messages, counts, model, tenant, credential, conversation, record, original_tokens
         )
+        prepared.summary_role = summary_role or self.settings.summary_role
         window = context_window(model)
         prepared.decision = planner.decide(
             prepared.forwarded_tokens,
@@ -292,6 +295,7 @@ class Compactor:
             prepared.original_tokens,
         )
         updated.decision = prepared.decision
+        updated.summary_role = prepared.summary_role
         updated.compacted_now = True
         return updated
 
@@ -533,7 +537,7 @@ class Compactor:
                 transcript(fwd[head_len:cut]), text, self.settings.key_references_max_chars
             )
             kept, dropped, appended = report.kept, report.dropped, report.appended
-            summary_msg = planner.summary_message(text, covered, self.settings.summary_role)
+            summary_msg = planner.summary_message(text, covered, prepared.summary_role)
         after = list(fwd[:head_len]) + ([summary_msg] if summary_msg else []) + list(fwd[cut:])
         tokens_after = sum(self.counter.count_messages(after, prepared.model)) + 3
         if tokens_after >= prepared.forwarded_tokens:
@@ -676,10 +680,3 @@ def _reply_usd(reply: LLMReply) -> float:
 
 def _head_len(prepared: Prepared) -> int:
     return prepared.record.head_len if prepared.record else head_length(prepared.original)
-
-
-def with_messages(body: dict[str, Any], messages: list[Message]) -> dict[str, Any]:
-    """A copy of the request body with its messages replaced (nothing else changes)."""
-    out = dict(body)
-    out["messages"] = messages
-    return out

@@ -58,8 +58,10 @@ def request_headers(
     api_key: str | None,
     *,
     drop: frozenset[str] = frozenset(),
+    key_header: str = "authorization",
 ) -> dict[str, str]:
-    """The client's headers minus hop-by-hop and our own; the configured key if there is one."""
+    """The client's headers minus hop-by-hop and our own; the configured key if there is one,
+    as ``Authorization: Bearer`` or (Anthropic's API) ``x-api-key``."""
     out: dict[str, str] = {}
     for name, value in client_headers:
         lower = name.lower()
@@ -67,8 +69,9 @@ def request_headers(
             continue
         out[lower] = value
     if api_key:
-        out["authorization"] = f"Bearer {api_key}"
         out.pop("x-api-key", None)
+        out.pop("authorization", None)
+        out[key_header] = api_key if key_header == "x-api-key" else f"Bearer {api_key}"
     return out
 
 

@@ -60,11 +60,15 @@ def usage_numbers(usage: Any) -> tuple[int, int, int, int]:
     def num(value: Any) -> int:
         return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
 
-    prompt = num(usage.get("prompt_tokens", usage.get("input_tokens")))
     details = usage.get("prompt_tokens_details") or {}
     cached = num(details.get("cached_tokens") if isinstance(details, dict) else 0)
     cached = cached or num(usage.get("cache_read_input_tokens"))
     write = num(usage.get("cache_creation_input_tokens"))
+    if "prompt_tokens" in usage:
+        prompt = num(usage.get("prompt_tokens"))
+    else:
+        # Anthropic's input_tokens leaves out what was read from or written to the cache.
+        prompt = num(usage.get("input_tokens")) + cached + write
     completion = num(usage.get("completion_tokens", usage.get("output_tokens")))
     return prompt, cached, write, completion
 

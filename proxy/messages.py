@@ -13,6 +13,56 @@ HEAD_ROLES = frozenset({"system", "developer"})
 SUMMARY_PREFIX = "[History Summary - "
 
 
+def _blocks(message: Message, kind: str) -> list[dict[str, Any]]:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [b for b in content if isinstance(b, dict) and b.get("type") == kind]
+
+
+def tool_uses(message: Message) -> list[str]:
+    """Ids of the tool calls this message issues (OpenAI ``tool_calls`` or Anthropic
+    ``tool_use`` blocks)."""
+    ids = [
+        c["id"]
+        for c in message.get("tool_calls") or []
+        if isinstance(c, dict) and isinstance(c.get("id"), str)
+    ]
+    ids.extend(b["id"] for b in _blocks(message, "tool_use") if isinstance(b.get("id"), str))
+    return ids
+
+
+def tool_results(message: Message) -> list[str]:
+    """Ids of the tool calls this message answers (an OpenAI ``tool`` message or Anthropic
+    ``tool_result`` blocks in a user message)."""
+    if message.get("role") == "tool":
+        return [str(message.get("tool_call_id"))]
+    return [
+        b["tool_use_id"]
+        for b in _blocks(message, "tool_result")
+        if isinstance(b.get("tool_use_id"), str)
+    ]
+
+
+def _block_text(block: dict[str, Any]) -> str:
+    kind = block.get("type")
+    if isinstance(block.get("text"), str):
+        return str(block["text"])
+    if kind == "tool_use":
+        args = orjson.dumps(block.get("input", {})).decode()
+        return f"called tool {block.get('name', '?')}({args}) [id {block.get('id')}]"
+    if kind == "tool_result":
+        inner = block.get("content")
+        body = inner if isinstance(inner, str) else text_of({"content": inner})
+        error = " (error)" if block.get("is_error") else ""
+        return f"TOOL RESULT ({block.get('tool_use_id')}){error}: {body}"
+    if kind in ("thinking", "redacted_thinking"):
+        return ""  # private reasoning: not part of what the conversation established
+    if kind in ("image_url", "image"):
+        return "[image]"
+    return f"[{kind}]" if kind else ""
+
+
 def text_of(message: Message) -> str:
     """The message's readable text: string content, or its text parts joined."""
     content = message.get("content")
@@ -24,12 +74,9 @@ def text_of(message: Message) -> str:
         parts: list[str] = []
         for part in content:
             if isinstance(part, dict):
-                if isinstance(part.get("text"), str):
-                    parts.append(part["text"])
-                elif part.get("type") == "image_url":
-                    parts.append("[image]")
-                elif part.get("type"):
-                    parts.append(f"[{part['type']}]")
+                text = _block_text(part)
+                if text:
+                    parts.append(text)
             elif isinstance(part, str):
                 parts.append(part)
         return "\n".join(parts)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from .messages import SUMMARY_PREFIX, Message
+from .messages import SUMMARY_PREFIX, Message, tool_results, tool_uses
 from .settings import CompactionSettings
 
 Action = Literal["forward", "background", "inline"]
@@ -80,21 +80,24 @@ def summary_index(messages: Sequence[Message], head_len: int) -> int | None:
 
 
 def cut_points(messages: Sequence[Message], start: int = 0) -> list[int]:
-    """Legal cut indices >= ``start``: a user message with no tool call left unanswered before it.
+    """Legal cut indices >= ``start``: a user turn with no tool call left unanswered before it.
 
     A cut at i keeps ``messages[i:]``. It is illegal when a tool result at or after i answers a
-    call issued before i, so an assistant ``tool_calls`` message is never separated from its
-    results. A call that is never answered separates nothing.
+    call issued before i, so a tool call is never separated from its results; a user message
+    that carries tool results (Anthropic ``tool_result`` blocks) is never a turn start. A call
+    that is never answered separates nothing.
     """
     issued_at: dict[str, int] = {}
     # blocked[i] > 0 while some call issued before i is answered at or after i.
     delta = [0] * (len(messages) + 1)
+    answers = [False] * len(messages)
     for j, m in enumerate(messages):
-        for call in m.get("tool_calls") or []:
-            if isinstance(call, dict) and isinstance(call.get("id"), str):
-                issued_at[call["id"]] = j
-        if m.get("role") == "tool":
-            a = issued_at.get(str(m.get("tool_call_id")))
+        for call_id in tool_uses(m):
+            issued_at[call_id] = j
+        results = tool_results(m)
+        answers[j] = bool(results)
+        for call_id in results:
+            a = issued_at.get(call_id)
             if a is not None and a + 1 <= j:
                 delta[a + 1] += 1
                 delta[j + 1] -= 1
@@ -102,7 +105,7 @@ def cut_points(messages: Sequence[Message], start: int = 0) -> list[int]:
     blocked = 0
     for i, m in enumerate(messages):
         blocked += delta[i]
-        if i >= start and m.get("role") == "user" and blocked == 0:
+        if i >= start and m.get("role") == "user" and blocked == 0 and not answers[i]:
             cuts.append(i)
     return cuts
 

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import admin, dashboard, ledger  # admin, dashboard: the operators' view
-from .compactor import Compactor, Prepared, Prompts, with_messages
+from .compactor import Compactor, Prepared, Prompts
 from .config import Config, load_prompt
 from .errors import BadRequest, PayloadTooLarge, ProxyError, StoreError
 from .fingerprint import tenant_id
@@ -38,19 +38,29 @@ from .llm import HttpLLM
 from .metrics import Metrics
 from .sse import EventSplitter, event_json, is_usage_only
 from .store import Store, open_store
-from .validation import parse_json_object, validate_chat
+from .surfaces import (
+    ANTHROPIC_MESSAGES,
+    OPENAI_CHAT,
+    Surface,
+    anthropic_error,
+    openai_error,
+    usage_of,
+)
+from .validation import parse_json_object
 
 log = logging.getLogger("compaction_proxy.server")
 
 
 def error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "code": code, "param": None}}
+    return openai_error(message, type_, code)
 
 
-def error_response(exc: ProxyError) -> JSONResponse:
+def error_response(exc: ProxyError, path: str = "") -> JSONResponse:
+    """The error in the shape the route's clients parse (Anthropic's on /v1/messages)."""
+    shape = anthropic_error if path == ANTHROPIC_MESSAGES.path else openai_error
     headers = {"x-should-retry": "true" if exc.status >= 500 else "false"}
     return JSONResponse(
-        error_body(str(exc), exc.type, exc.code), status_code=exc.status, headers=headers
+        shape(str(exc), exc.type, exc.code), status_code=exc.status, headers=headers
     )
 
 
@@ -103,23 +113,33 @@ def compaction_headers(prepared: Prepared | None) -> dict[str, str]:
 
 
 async def chat_completions(request: Request) -> Response:
+    return await _serve(request, OPENAI_CHAT)
+
+
+async def anthropic_messages(request: Request) -> Response:
+    return await _serve(request, ANTHROPIC_MESSAGES)
+
+
+async def _serve(request: Request, surface: Surface) -> Response:
+    """Parse, validate, identify, substitute, decide, forward, tee - for any surface."""
     res: Resources = request.app.state.res
     started = time.perf_counter()
     raw = await read_body(request, res.config.max_body_bytes)
     body = parse_json_object(raw)
-    validate_chat(body)
+    surface.validate(body)
     credential = credential_of(request)
     tenant = tenant_id(credential, request.headers.get("x-compaction-tenant"))
     bypass = request.headers.get("x-compaction", "").strip().lower() == "off"
     prepared: Prepared | None
     try:
         prepared = await res.compactor.prepare(
-            body["messages"],
+            surface.to_view(body),
             model=body["model"],
             tenant=tenant,
             credential=credential,
             conversation_header=request.headers.get("x-conversation-id"),
             bypass=bypass,
+            summary_role=surface.summary_role,
         )
     except Exception:  # fail open: a compaction problem never fails the request
         log.exception("compaction core failed; forwarding unchanged")
@@ -128,9 +148,9 @@ async def chat_completions(request: Request) -> Response:
     stream = body.get("stream") is True
     out = body
     if prepared is not None and prepared.changed:
-        out = with_messages(body, prepared.forwarded)
+        out = surface.from_view(body, prepared.forwarded)
     drop_usage = False
-    if stream:
+    if stream and surface.stream_usage_option:
         options = body.get("stream_options")
         if not (isinstance(options, dict) and options.get("include_usage")):
             # Ask for usage so the ledger sees it; the client did not, so it never sees it.
@@ -139,12 +159,16 @@ async def chat_completions(request: Request) -> Response:
             drop_usage = True
     payload = raw if out is body else orjson.dumps(out)
     headers = request_headers(
-        request.headers.items(), res.config.upstream.api_key, drop=frozenset({"accept-encoding"})
+        request.headers.items(),
+        res.config.upstream.api_key,
+        drop=frozenset({"accept-encoding"}),
+        key_header="x-api-key" if surface is ANTHROPIC_MESSAGES else "authorization",
     )
     headers["content-type"] = "application/json"
-    url = upstream_url(res.config.upstream.base_url, "/v1/chat/completions", "")
+    url = upstream_url(res.config.upstream.base_url, surface.path, "")
     overhead = time.perf_counter() - started
     own = compaction_headers(prepared)
+    relay_headers = frozenset({"content-encoding"})
 
     if not stream:
         async with mapped_errors():
@@ -152,14 +176,14 @@ async def chat_completions(request: Request) -> Response:
         usage = None
         if upstream.status_code == 200:
             try:
-                usage = orjson.loads(upstream.content).get("usage")
-            except (orjson.JSONDecodeError, AttributeError):
+                usage = usage_of(orjson.loads(upstream.content))
+            except orjson.JSONDecodeError:
                 usage = None
-        _finish(res, prepared, usage, upstream.status_code, started, overhead)
+        _finish(res, surface, prepared, usage, upstream.status_code, started, overhead)
         return Response(
             upstream.content,
             status_code=upstream.status_code,
-            headers=response_headers(upstream.headers, drop=frozenset({"content-encoding"})) | own,
+            headers=response_headers(upstream.headers, drop=relay_headers) | own,
         )
 
     upstream_request = res.client.build_request("POST", url, content=payload, headers=headers)
@@ -171,38 +195,41 @@ async def chat_completions(request: Request) -> Response:
                 content = await upstream.aread()
         finally:
             await upstream.aclose()
-        _finish(res, prepared, None, upstream.status_code, started, overhead)
+        _finish(res, surface, prepared, None, upstream.status_code, started, overhead)
         return Response(
             content,
             status_code=upstream.status_code,
-            headers=response_headers(upstream.headers, drop=frozenset({"content-encoding"})) | own,
+            headers=response_headers(upstream.headers, drop=relay_headers) | own,
         )
     return StreamingResponse(
-        _relay(res, upstream, prepared, drop_usage, started, overhead),
+        _relay(res, surface, upstream, prepared, drop_usage, started, overhead),
         status_code=200,
-        headers=response_headers(upstream.headers, drop=frozenset({"content-encoding"})) | own,
+        headers=response_headers(upstream.headers, drop=relay_headers) | own,
     )
 
 
 async def _relay(
     res: Resources,
+    surface: Surface,
     upstream: httpx.Response,
     prepared: Prepared | None,
     drop_usage: bool,
     started: float,
     overhead: float,
 ) -> AsyncIterator[bytes]:
-    """Relay SSE events as they complete; read usage from the final chunk."""
+    """Relay SSE events as they complete; read usage from the events that carry it."""
     splitter = EventSplitter()
-    usage = None
+    usage: dict[str, Any] = {}
     completed = False
     try:
         async for chunk in upstream.aiter_raw():
             for event in splitter.feed(chunk):
                 if b'"usage"' in event:
                     obj = event_json(event)
-                    if isinstance(obj, dict) and obj.get("usage"):
-                        usage = obj["usage"]
+                    found = usage_of(obj)
+                    if found:
+                        # Anthropic splits usage over message_start and message_delta.
+                        usage.update({k: v for k, v in found.items() if v is not None})
                         if drop_usage and is_usage_only(obj):
                             continue
                 yield event
@@ -212,16 +239,20 @@ async def _relay(
         completed = True
     except httpx.HTTPError as exc:
         log.warning("upstream stream broke", extra={"error": type(exc).__name__})
-        message = error_body("upstream stream interrupted", "upstream_error", "upstream_error")
-        yield b"data: " + orjson.dumps(message) + b"\n\n"
+        message = surface.error_body(
+            "upstream stream interrupted", "upstream_error", "upstream_error"
+        )
+        yield b"event: error\ndata: " + orjson.dumps(message) + b"\n\n"
     finally:
         # Also runs when the client goes away: closing cancels the upstream request.
         await upstream.aclose()
-        _finish(res, prepared, usage, 200 if completed else 499, started, overhead)
+        status = 200 if completed else 499
+        _finish(res, surface, prepared, usage or None, status, started, overhead)
 
 
 def _finish(
     res: Resources,
+    surface: Surface,
     prepared: Prepared | None,
     usage: Any,
     status: int,
@@ -234,7 +265,7 @@ def _finish(
     log.info(
         "request",
         extra={
-            "route": "chat.completions",
+            "route": surface.name,
             "conversation": prepared.conversation if prepared else None,
             "case": prepared.case if prepared else "error",
             "tokens_before": prepared.original_tokens if prepared else None,
@@ -246,7 +277,7 @@ def _finish(
         },
     )
     if res.metrics is not None:
-        res.metrics.observe_request(prepared, status, latency, overhead, cached)
+        res.metrics.observe_request(prepared, status, latency, overhead, cached, route=surface.name)
     if prepared is None:
         return
     if status == 200:
@@ -256,7 +287,7 @@ def _finish(
         tenant=prepared.tenant,
         conversation=prepared.conversation,
         model=prepared.model,
-        route="chat.completions",
+        route=surface.name,
         case=prepared.case,
         status=status,
         original_messages=len(prepared.original),
@@ -319,7 +350,7 @@ async def _proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
     if exc.status >= 500:
         log.warning("upstream failure", extra={"error": str(exc), "status": exc.status})
-    return error_response(exc)
+    return error_response(exc, request.url.path)
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -386,6 +417,7 @@ def create_app(
     routes = [
         Route("/healthz", healthz, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/messages", anthropic_messages, methods=["POST"]),
         *admin.routes(),  # operators' view: /metrics, /admin/api/*
         *dashboard.routes(),  # operators' view: /dashboard
         Route(

@@ -1,0 +1,158 @@
+"""The API surfaces the proxy compacts: OpenAI chat completions and Anthropic messages.
+
+Each surface is a pure adapter (DESIGN §9): it validates a request body, gives the core a
+message list to work on (the "view"), puts the forwarded view back into a body, reads usage
+from replies and stream events, and shapes errors the way that API's clients expect. The
+compaction core itself never knows which API it serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from .errors import BadRequest
+from .messages import Message
+from .validation import validate_chat
+
+View = list[Message]
+
+
+@dataclass(frozen=True)
+class Surface:
+    """One API the proxy understands."""
+
+    name: str  # the route label in logs and metrics
+    path: str
+    validate: Callable[[dict[str, Any]], None]
+    to_view: Callable[[dict[str, Any]], View]
+    from_view: Callable[[dict[str, Any], View], dict[str, Any]]
+    summary_role: Literal["system", "user"] | None  # None: the configured role
+    stream_usage_option: bool  # OpenAI only sends stream usage when asked
+    error_body: Callable[[str, str, str | None], dict[str, Any]]
+
+
+def openai_error(message: str, type_: str, code: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "code": code, "param": None}}
+
+
+def anthropic_error(message: str, type_: str, code: str | None) -> dict[str, Any]:
+    kinds = {
+        "invalid_request_error": "invalid_request_error",
+        "authentication_error": "authentication_error",
+        "upstream_error": "api_error",
+        "server_error": "api_error",
+    }
+    if code == "request_too_large":
+        kind = "request_too_large"
+    elif code == "upstream_timeout":
+        kind = "timeout_error"
+    else:
+        kind = kinds.get(type_, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# ---- OpenAI /v1/chat/completions -----------------------------------------------------------
+
+
+def _chat_to_view(body: dict[str, Any]) -> View:
+    messages: View = body["messages"]
+    return messages
+
+
+def _chat_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
+    out = dict(body)
+    out["messages"] = view
+    return out
+
+
+OPENAI_CHAT = Surface(
+    name="chat.completions",
+    path="/v1/chat/completions",
+    validate=validate_chat,
+    to_view=_chat_to_view,
+    from_view=_chat_from_view,
+    summary_role=None,
+    stream_usage_option=True,
+    error_body=openai_error,
+)
+
+
+# ---- Anthropic /v1/messages ----------------------------------------------------------------
+
+_ANTHROPIC_ROLES = frozenset({"user", "assistant"})
+
+
+def validate_messages(body: dict[str, Any]) -> None:
+    """The Messages API fields the proxy relies on; the upstream validates the rest."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise BadRequest("'model' must be a non-empty string")
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise BadRequest("'max_tokens' must be an integer")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise BadRequest("'system' must be a string or an array of text blocks")
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean")
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"{where} must be an object")
+        if m.get("role") not in _ANTHROPIC_ROLES:
+            raise BadRequest(f"{where}.role must be 'user' or 'assistant'")
+        content = m.get("content")
+        if not isinstance(content, str | list):
+            raise BadRequest(f"{where}.content must be a string or an array of blocks")
+        if isinstance(content, list):
+            for j, block in enumerate(content):
+                if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+                    raise BadRequest(f"{where}.content[{j}] must be an object with a 'type'")
+
+
+def _messages_to_view(body: dict[str, Any]) -> View:
+    """The top-level ``system`` becomes a head message, so it is part of the prefix chain
+    (a summary is never reused under another system prompt) and is never summarized."""
+    view: View = list(body["messages"])
+    if body.get("system"):
+        view.insert(0, {"role": "system", "content": body["system"]})
+    return view
+
+
+def _messages_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
+    out = dict(body)
+    if body.get("system"):
+        out["system"] = view[0]["content"]
+        view = view[1:]
+    out["messages"] = view
+    return out
+
+
+ANTHROPIC_MESSAGES = Surface(
+    name="messages",
+    path="/v1/messages",
+    validate=validate_messages,
+    to_view=_messages_to_view,
+    from_view=_messages_from_view,
+    # The Messages API has no system role inside ``messages``: the summary is a user turn
+    # (consecutive user turns are combined by the API).
+    summary_role="user",
+    stream_usage_option=False,
+    error_body=anthropic_error,
+)
+
+
+def usage_of(obj: Any) -> dict[str, Any] | None:
+    """Usage in a reply or a stream event of either API (Anthropic's ``message_start``
+    nests it in ``message``)."""
+    if not isinstance(obj, dict):
+        return None
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        message = obj.get("message")
+        usage = message.get("usage") if isinstance(message, dict) else None
+    return usage if isinstance(usage, dict) else None
