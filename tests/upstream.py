@@ -163,6 +163,7 @@ class ScriptedUpstream:
         self._thread: threading.Thread | None = None
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._wrap(self._chat), methods=["POST"]),
+            Route("/v1/messages", self._wrap(self._messages), methods=["POST"]),
             Route("/v1/models", self._wrap(self._models), methods=["GET"]),
             Route("/v1/embeddings", self._wrap(self._embeddings), methods=["POST"]),
             Route("/v1/slow", self._wrap(self._slow), methods=["GET"]),
@@ -329,6 +330,39 @@ class ScriptedUpstream:
             "usage": usage,
         })
 
+    async def _messages(self, request: Request, rec: Recorded) -> Response:
+        """Anthropic's Messages API, scripted like the chat route (same reply rules)."""
+        body = rec.json
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
+                                 "message": "messages: Field required"}}, status_code=400)
+        as_openai = [{"role": m.get("role"), "content": m.get("content")}
+                     for m in body["messages"]]
+        reply = self.reply({"messages": as_openai})
+        blocks: list[dict] = []
+        if reply.get("content"):
+            blocks.append({"type": "text", "text": reply["content"]})
+        for call in reply.get("tool_calls") or []:
+            blocks.append({"type": "tool_use", "id": "toolu_" + call["id"][5:],
+                           "name": call["function"]["name"],
+                           "input": orjson.loads(call["function"]["arguments"] or "{}")})
+        counted = ([{"role": "system", "content": body["system"]}] if body.get("system")
+                   else []) + body["messages"]
+        prompt_tokens = self.count_tokens(counted)
+        cached = self._cached_tokens(counted, prompt_tokens)
+        with self._lock:
+            self.cached_log.append((prompt_tokens, cached))
+        usage = {"input_tokens": prompt_tokens - cached, "cache_read_input_tokens": cached,
+                 "cache_creation_input_tokens": 0,
+                 "output_tokens": max(1, self.count_tokens([reply]))}
+        stop = "tool_use" if reply.get("tool_calls") else "end_turn"
+        message = {"id": self._next_id().replace("chatcmpl", "msg"), "type": "message",
+                   "role": "assistant", "model": body.get("model"), "content": blocks,
+                   "stop_reason": stop, "stop_sequence": None, "usage": usage}
+        if not body.get("stream"):
+            return JSONResponse(message)
+        return StreamingResponse(_anthropic_sse(message), media_type="text/event-stream")
+
     async def _models(self, request: Request, rec: Recorded) -> Response:
         return JSONResponse({"object": "list", "data": [
             {"id": m, "object": "model", "created": 1700000000, "owned_by": "scripted"}
@@ -402,6 +436,37 @@ def _stream_chunks(cid: str, model: str, message: dict, finish: str,
         final["choices"], final["usage"] = [], usage
         chunks.append(final)
     return chunks
+
+
+async def _anthropic_sse(message: dict):
+    def event(name: str, data: dict) -> bytes:
+        return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    usage = message["usage"]
+    start = {**message, "content": [], "stop_reason": None,
+             "usage": {**usage, "output_tokens": 1}}
+    yield event("message_start", {"type": "message_start", "message": start})
+    for i, block in enumerate(message["content"]):
+        if block["type"] == "text":
+            yield event("content_block_start", {"type": "content_block_start", "index": i,
+                                                "content_block": {"type": "text", "text": ""}})
+            for piece in re.findall(r"\S+\s*", block["text"]):
+                yield event("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                    "delta": {"type": "text_delta",
+                                                              "text": piece}})
+        else:
+            yield event("content_block_start", {"type": "content_block_start", "index": i,
+                                                "content_block": {**block, "input": {}}})
+            yield event("content_block_delta", {
+                "type": "content_block_delta", "index": i,
+                "delta": {"type": "input_json_delta",
+                          "partial_json": orjson.dumps(block["input"]).decode()}})
+        yield event("content_block_stop", {"type": "content_block_stop", "index": i})
+    yield event("message_delta", {"type": "message_delta",
+                                  "delta": {"stop_reason": message["stop_reason"],
+                                            "stop_sequence": None},
+                                  "usage": {"output_tokens": usage["output_tokens"]}})
+    yield event("message_stop", {"type": "message_stop"})
 
 
 async def _sse(chunks: list[dict], delay: float):
