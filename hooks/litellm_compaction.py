@@ -42,7 +42,7 @@ from proxy.compactor import Compactor, Prepared, Prompts
 from proxy.config import ENV_VAR, Config, ConfigError, load_config, load_prompt, parse_config
 from proxy.errors import CompactionFailed, StoreError
 from proxy.fingerprint import tenant_id
-from proxy.llm import LLMReply, _reply_from
+from proxy.llm import LLMReply, reply_from
 from proxy.logs import setup_logging
 from proxy.messages import Message
 from proxy.store import open_store
@@ -161,7 +161,7 @@ class LiteLLMRouterLLM:
             raise CompactionFailed(f"{purpose} call through LiteLLM failed: {exc!r}"[:300]) from exc
         if not isinstance(body, dict):
             raise CompactionFailed(f"{purpose} reply is not an object")
-        return _reply_from(body, model)
+        return reply_from(body, model)
 
 
 # ---- what LiteLLM hands us -----------------------------------------------------------------

@@ -367,8 +367,11 @@ def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
     meta = store.get(conv_key("conv", tenant, conv))
     if not isinstance(meta, dict):
         raise NotFound(f"no conversation {conversation_id(tenant, conv)!r}")
+    # Ledger writes run after each response and may land out of order: sort by time.
     requests = [r for r in get_list(store, conv_key("req", tenant, conv)) if isinstance(r, dict)]
+    requests.sort(key=lambda r: r.get("ts") or 0)
     events = [e for e in get_list(store, conv_key("ev", tenant, conv)) if isinstance(e, dict)]
+    events.sort(key=lambda e: e.get("ts") or 0)
     compactions = [
         _compaction(store, tenant, conv, e) for e in events if e.get("case") in COMPACTION_CASES
     ]

@@ -419,6 +419,9 @@ class Compactor:
         started = time.monotonic()
         if not prepared.decision.use_llm:
             return await self._fallback(prepared, "cooling down")
+        if not inline and await self._cooling(prepared):
+            # Prepared before an earlier attempt failed: that failure's cooldown holds.
+            return Outcome("none", None, "cooling down")
         try:
             outcome = await self._llm_compaction(prepared, started)
         except CompactionFailed as exc:
@@ -639,6 +642,13 @@ class Compactor:
             },
         )
         return outcome
+
+    async def _cooling(self, prepared: Prepared) -> bool:
+        key = conv_key("cool", prepared.tenant, prepared.conversation)
+        try:
+            return await self._io(self.store.get, key) is not None
+        except StoreError:
+            return False
 
     async def _cooldown(self, prepared: Prepared) -> None:
         try:

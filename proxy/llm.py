@@ -51,7 +51,8 @@ def _needs_litellm(model: str) -> bool:
     return not model.startswith(_OPENAI_PREFIXES)
 
 
-def _reply_from(body: dict[str, Any], model: str) -> LLMReply:
+def reply_from(body: dict[str, Any], model: str) -> LLMReply:
+    """An ``LLMReply`` from an OpenAI-shaped completion body, or ``CompactionFailed``."""
     try:
         choice = body["choices"][0]
         message = choice.get("message") or {}
@@ -122,7 +123,7 @@ class HttpLLM:
             raise CompactionFailed(f"{purpose} reply is not JSON") from exc
         if not isinstance(body, dict):
             raise CompactionFailed(f"{purpose} reply is not an object")
-        return _reply_from(body, model)
+        return reply_from(body, model)
 
 
 async def _litellm_complete(
@@ -141,4 +142,4 @@ async def _litellm_complete(
         body = response.model_dump() if hasattr(response, "model_dump") else dict(response)
     except Exception as exc:  # litellm raises many provider-specific types
         raise CompactionFailed(f"litellm call failed: {type(exc).__name__}") from exc
-    return _reply_from(body, model)
+    return reply_from(body, model)
