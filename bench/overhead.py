@@ -72,7 +72,7 @@ class Profile:
 
 
 FULL = Profile("full", 50, (50, 500, 2000), (1, 16, 64), 1.0, 4.0, 20_000)
-SMOKE = Profile("smoke", 20, (20, 60), (1, 8), 0.2, 0.5, 300)
+SMOKE = Profile("smoke", 20, (20, 60), (1, 8), 0.1, 0.3, 200)
 
 
 @dataclass(frozen=True)

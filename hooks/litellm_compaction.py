@@ -164,6 +164,21 @@ class LiteLLMRouterLLM:
         return reply_from(body, model)
 
 
+def underlying_model(model: str, router: Any = None) -> str:
+    """The provider model behind a LiteLLM model group (``gpt-4o-mini`` -> ``openai/gpt-4o-mini``),
+    so token counts, the context window and prices come from LiteLLM's map; else ``model``."""
+    router = router if router is not None else _proxy_router()
+    if router is None:
+        return model
+    try:
+        deployments = router.get_model_list(model_name=model) or []
+        params = deployments[0].get("litellm_params") or {}
+        resolved = params.get("model")
+    except Exception:
+        return model
+    return resolved if isinstance(resolved, str) and resolved else model
+
+
 # ---- what LiteLLM hands us -----------------------------------------------------------------
 
 
@@ -307,7 +322,8 @@ class CompactionHook(CustomLogger):
             headers = request_headers(data)
             prepared = await compactor.prepare(
                 messages,
-                model=model,
+                model=underlying_model(model),
+                llm_model=model,
                 tenant=tenant_of(user_api_key_dict, headers),
                 conversation_header=headers.get("x-conversation-id"),
                 bypass=headers.get("x-compaction", "").strip().lower() == "off",

@@ -72,6 +72,9 @@ class Prepared:
     stability: StabilityState | None = None
     marked: bool = False
     summary_role: str = "system"
+    # The name the detector and summarizer are called with (a LiteLLM model group, say),
+    # when ``model`` is the underlying model used for token counts and prices.
+    llm_model: str = ""
 
     @property
     def changed(self) -> bool:
@@ -154,6 +157,7 @@ class Compactor:
         conversation_header: str | None = None,
         bypass: bool = False,
         summary_role: str | None = None,
+        llm_model: str | None = None,
     ) -> Prepared:
         """Identify, substitute, count and decide; compact inline when the decision says so."""
         fps = fingerprints(messages)
@@ -175,6 +179,7 @@ class Compactor:
             messages, counts, model, tenant, credential, conversation, record, original_tokens
         )
         prepared.summary_role = summary_role or self.settings.summary_role
+        prepared.llm_model = llm_model or model
         window = context_window(model)
         prepared.decision = planner.decide(
             prepared.forwarded_tokens,
@@ -296,6 +301,7 @@ class Compactor:
         )
         updated.decision = prepared.decision
         updated.summary_role = prepared.summary_role
+        updated.llm_model = prepared.llm_model
         updated.compacted_now = True
         return updated
 
@@ -453,7 +459,7 @@ class Compactor:
         llm_usd = 0.0
         try:
             reply = await self.llm.complete(
-                s.detection_model or prepared.model,
+                s.detection_model or prepared.llm_model or prepared.model,
                 detector.build_request(self.prompts.detector, window, s.detector_chars_per_message),
                 max_tokens=400,
                 purpose="detector",
@@ -482,7 +488,7 @@ class Compactor:
                     text = f"{earlier.strip()}\n\n{text}"
         else:
             reply = await self.llm.complete(
-                s.summary_model or prepared.model,
+                s.summary_model or prepared.llm_model or prepared.model,
                 summarizer.build_request(
                     self.prompts.summarizer,
                     fwd[plan.body_start : cut],

@@ -545,3 +545,22 @@ def test_settings_come_from_env_then_litellm_config(
         hook_config(litellm_config)
     shipped = hook_config(SHIPPED_CONFIG)
     assert shipped.compaction == CompactionSettings()
+
+
+def test_model_groups_resolve_to_the_underlying_model() -> None:
+    """Token counts, context windows and prices come from the provider model behind a group."""
+    from hooks.litellm_compaction import underlying_model
+
+    class Router:
+        def get_model_list(self, model_name: str) -> list[dict[str, Any]]:
+            table = {"smart": [{"litellm_params": {"model": "anthropic/claude-sonnet-4-5"}}]}
+            return table.get(model_name, [])
+
+    assert underlying_model("smart", Router()) == "anthropic/claude-sonnet-4-5"
+    assert underlying_model("unknown-group", Router()) == "unknown-group"
+
+    class Broken:
+        def get_model_list(self, model_name: str) -> list[dict[str, Any]]:
+            raise RuntimeError("router not ready")
+
+    assert underlying_model("smart", Broken()) == "smart"

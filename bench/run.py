@@ -1,0 +1,348 @@
+"""Run every benchmark and write the report.
+
+    python -m bench.run            # full (about 15 minutes on 2 cores): docs/benchmarks.md
+                                   # and docs/savings.png
+    python -m bench.run --smoke    # tiny sizes, about a minute: a temporary folder (or --out)
+
+Sections: 1. overhead (``bench.overhead``), 2. core cost (``python -m bench.core``),
+3. savings (``bench.savings``, with the chart), 4. compaction policies (``bench.policies``).
+The report states the machine, the command, and an "aims" table computed from the figures.
+A hand-written analysis between the ``<!-- analysis:start -->`` and ``<!-- analysis:end -->``
+markers of an existing report is kept when the report is regenerated. Smoke mode never
+writes into ``docs/``. Exit status 1 if any section failed (the others still run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench import overhead, policies, savings
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+REPORT = "benchmarks.md"
+CHART = "savings.png"
+ANALYSIS_START = "<!-- analysis:start -->"
+ANALYSIS_END = "<!-- analysis:end -->"
+NO_ANALYSIS = "_No analysis written for this run._"
+VERSIONS = ("litellm", "starlette", "uvicorn", "httpx", "uvloop", "httptools", "orjson", "tiktoken")
+
+
+# ---- the machine ------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return ""
+
+
+def machine() -> dict[str, Any]:
+    cpuinfo = _read("/proc/cpuinfo")
+    model = next(
+        (line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if "model name" in line),
+        platform.processor() or "unknown",
+    )
+    mem_kb = next(
+        (int(line.split()[1]) for line in _read("/proc/meminfo").splitlines()
+         if line.startswith("MemTotal:")),
+        0,
+    )  # fmt: skip
+    pretty = next(
+        (line.split("=", 1)[1].strip('"') for line in _read("/etc/os-release").splitlines()
+         if line.startswith("PRETTY_NAME=")),
+        platform.system(),
+    )  # fmt: skip
+    versions = {}
+    for name in VERSIONS:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "absent"
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "virtualised": " hypervisor" in cpuinfo or "hypervisor" in cpuinfo.split(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "os": f"{pretty}, Linux {platform.release()}",
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
+# ---- sections ---------------------------------------------------------------------------------
+
+
+def run_core(smoke: bool, work: Path) -> dict[str, Any]:
+    """``python -m bench.core`` in its own process: its markdown and its JSON."""
+    json_path = work / "core.json"
+    command = [sys.executable, "-m", "bench.core", "--json", str(json_path)]
+    if smoke:
+        command.insert(3, "--smoke")
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.core exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return {"markdown": done.stdout.strip(), **json.loads(json_path.read_text())}
+
+
+def _section(name: str, fn: Callable[[], Any], failures: list[str]) -> Any:
+    started = time.monotonic()
+    print(f"== {name}", file=sys.stderr, flush=True)
+    try:
+        result = fn()
+    except Exception:
+        failures.append(name)
+        error = traceback.format_exc()
+        print(error, file=sys.stderr)
+        return {"error": error}
+    print(f"== {name}: {time.monotonic() - started:.0f}s", file=sys.stderr, flush=True)
+    return result
+
+
+# ---- aims -------------------------------------------------------------------------------------
+
+
+def _row(rows: list[dict[str, Any]], kind: str, history: int, stream: bool, c: int) -> Any:
+    return next(
+        (r for r in rows if r["kind"] == kind and r["history"] == history
+         and r["stream"] == stream and r["concurrency"] == c),
+        None,
+    )  # fmt: skip
+
+
+def aims(results: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(aim, measured, verdict) for every aim the figures allow to check."""
+    out: list[tuple[str, str, str]] = []
+    ov = results.get("overhead", {})
+    if "rows" in ov:
+        rows, prof = ov["rows"], ov["profile"]
+        small, big, top = prof["small"], max(prof["sizes"]), max(prof["concurrency"])
+        for kind, history, limit in (("proxy", small, 1.0), ("proxy-subst", big, 3.0)):
+            for stream in (False, True):
+                row, direct = (
+                    _row(rows, kind, history, stream, 1),
+                    _row(rows, "direct", history, stream, 1),
+                )
+                if row and direct:
+                    added = row["p50_ms"] - direct["p50_ms"]
+                    what = "below trigger" if kind == "proxy" else "with substitution"
+                    out.append((
+                        f"added p50 < {limit:g} ms, concurrency 1, {history:,}-message request "
+                        f"{what}, {'streaming' if stream else 'non-streaming'}",
+                        f"{added:.2f} ms",
+                        "met" if added < limit else "missed",
+                    ))  # fmt: skip
+        for stream in (False, True):
+            ours, theirs = (
+                _row(rows, "proxy", small, stream, top),
+                _row(rows, "litellm", small, stream, top),
+            )
+            if ours and theirs and theirs["rps"]:
+                ratio = ours["rps"] / theirs["rps"]
+                mode = "streaming" if stream else "non-streaming"
+                out.append((
+                    f"≥ 3× LiteLLM's req/s at concurrency {top}, 1 worker each, {mode}",
+                    f"{ratio:.2f}× ({ours['rps']:,.0f} vs {theirs['rps']:,.0f} req/s)",
+                    "met" if ratio >= 3 else "missed",
+                ))  # fmt: skip
+                out.append((
+                    f"lower p99 than LiteLLM at concurrency {top}, {mode}",
+                    f"{ours['p99_ms']:,.1f} vs {theirs['p99_ms']:,.1f} ms",
+                    "met" if ours["p99_ms"] < theirs["p99_ms"] else "missed",
+                ))  # fmt: skip
+    core = results.get("core", {})
+    if core.get("results"):
+        best = min(core["results"], key=lambda r: abs(r["messages"] - 1000))
+        warm = best["median_ms"]["total_warm"]
+        out.append((
+            f"warm core cost < 2 ms for {best['messages']:,} messages",
+            f"{warm:.2f} ms",
+            "met" if warm < 2 else "missed",
+        ))  # fmt: skip
+    return out
+
+
+# ---- the report -------------------------------------------------------------------------------
+
+
+def _kept_analysis(path: Path) -> str:
+    text = _read(str(path))
+    if ANALYSIS_START in text and ANALYSIS_END in text:
+        return text.split(ANALYSIS_START, 1)[1].split(ANALYSIS_END, 1)[0].strip()
+    return NO_ANALYSIS
+
+
+def _failed(result: Any) -> str | None:
+    if isinstance(result, dict) and "error" in result:
+        return f"**This section failed:**\n\n```\n{result['error'][-3000:]}\n```"
+    return None
+
+
+def report(results: dict[str, Any], command: str, analysis: str, chart_name: str | None) -> str:
+    m = results["machine"]
+    smoke = results["smoke"]
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items())
+    load = results["load_average"]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Every figure below comes from side-by-side runs on the one machine described here, in "
+        "one invocation of the command below; latencies are medians (p50) or 99th percentiles "
+        "of all measured requests, comparisons are ratios or differences against a baseline "
+        "measured in the same run. Nothing here is a test: CI runs the smoke mode only to keep "
+        "the harness working.",
+        "",
+    ]
+    if smoke:
+        lines += [
+            "> **Smoke run**: tiny sizes and durations, to check the harness. These figures are "
+            "not comparable with the full run's and the aims below use the smoke sizes.",
+            "",
+        ]
+    lines += [
+        "## Machine and command",
+        "",
+        f"- {m['cpus']} CPUs: {m['cpu_model']}{' (virtual machine)' if m['virtualised'] else ''}"
+        f"; {m['memory_gib']} GiB memory; {m['os']}",
+        f"- Python {m['python']}; {versions}",
+        f"- Run {results['date']}, {results['seconds'] / 60:.1f} minutes; load average "
+        f"{load['start']:.2f} at the start, {load['end']:.2f} at the end (other work on the "
+        "machine shows up here).",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        "The load generator, the upstream and the server under test are three processes sharing "
+        "the same CPUs, so at high concurrency all three compete; that is the same for every "
+        "row.",
+        "",
+        "## Aims",
+        "",
+        "| aim | measured | |",
+        "|---|---:|---|",
+    ]
+    lines += [f"| {a} | {measured} | {verdict} |" for a, measured, verdict in aims(results)]
+    lines += ["", "## 1. Overhead", "", _doc(overhead), ""]
+    ov = results["overhead"]
+    lines.append(_failed(ov) or _overhead_setup(ov) + "\n\n" + overhead.markdown(ov))
+    lines += ["", "## 2. Core cost", ""]
+    core = results["core"]
+    lines += [
+        "`python -m bench.core" + (" --smoke" if smoke else "") + "` (fingerprints, prefix "
+        "chain, record lookup in a diskcache store, token count), in its own process:",
+        "",
+    ]
+    lines.append(_failed(core) or core["markdown"])
+    lines += ["", "## 3. Savings", "", _doc(savings), ""]
+    sv = results["savings"]
+    lines.append(_failed(sv) or savings.markdown(sv))
+    if chart_name and not _failed(sv):
+        lines += ["", f"![Original vs forwarded prompt tokens per request]({chart_name})"]
+    lines += ["", "## 4. Compaction policies", "", _doc(policies), ""]
+    pol = results["policies"]
+    lines.append(_failed(pol) or policies.markdown(pol))
+    lines += ["", "## Analysis", "", ANALYSIS_START, analysis, ANALYSIS_END, ""]
+    return "\n".join(lines)
+
+
+def _doc(module: Any) -> str:
+    """A module docstring without its usage block, as report prose."""
+    text = (module.__doc__ or "").strip()
+    paragraphs = [p for p in text.split("\n\n") if not p.lstrip().startswith("python -m")]
+    return "\n\n".join(paragraphs[1:] if len(paragraphs) > 1 else paragraphs)
+
+
+def _overhead_setup(ov: dict[str, Any]) -> str:
+    p = ov["profile"]
+    return (
+        f"Concurrency {', '.join(str(c) for c in p['concurrency'])}; per cell {p['warmup_s']:g} s "
+        f"of warm-up, then at most {p['duration_s']:g} s or {p['max_requests']:,} requests. "
+        f"One worker per server. Substitution records built by the product: "
+        f"compaction `{overhead.SEED_COMPACTION}` for the seeding request, then "
+        f"`{overhead.MEASURE_COMPACTION}` (default trigger 24,000) while measuring."
+    )
+
+
+# ---- main -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.run",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, about a minute")
+    parser.add_argument("--out", metavar="DIR", help="where the report and chart go")
+    parser.add_argument("--json", metavar="PATH", help="also write every result as JSON")
+    parser.add_argument("--no-litellm", action="store_true", help="leave out the LiteLLM rows")
+    args = parser.parse_args(argv)
+
+    if args.out:
+        out = Path(args.out).resolve()
+    elif args.smoke:
+        out = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+    else:
+        out = DOCS
+    if args.smoke and out == DOCS.resolve():
+        parser.error("smoke mode never writes into docs/: pass another --out")
+    out.mkdir(parents=True, exist_ok=True)
+
+    command = "python -m bench.run" + (" --smoke" if args.smoke else "")
+    command += " --no-litellm" if args.no_litellm else ""
+    started = time.monotonic()
+    failures: list[str] = []
+    results: dict[str, Any] = {
+        "smoke": args.smoke,
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": machine(),
+        "load_average": {"start": os.getloadavg()[0]},
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-run-") as work:
+        results["core"] = _section("core", lambda: run_core(args.smoke, Path(work)), failures)
+    ov_profile = overhead.SMOKE if args.smoke else overhead.FULL
+    results["overhead"] = _section(
+        "overhead", lambda: overhead.run(ov_profile, litellm=not args.no_litellm), failures
+    )
+    sv_profile = savings.SMOKE if args.smoke else savings.FULL
+    results["savings"] = _section("savings", lambda: savings.run(sv_profile), failures)
+    turns = policies.SMOKE_TURNS if args.smoke else policies.FULL_TURNS
+    results["policies"] = _section(
+        "policies", lambda: policies.run(turns, sv_profile.compaction), failures
+    )
+    results["load_average"]["end"] = os.getloadavg()[0]
+    results["seconds"] = round(time.monotonic() - started, 1)
+
+    chart_name = None
+    if "sessions" in results["savings"]:
+        chart_name = CHART
+        savings.chart(results["savings"], out / CHART)
+    report_path = out / REPORT
+    text = report(results, command, _kept_analysis(report_path), chart_name)
+    report_path.write_text(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
+    print(f"wrote {report_path}" + (f" and {out / CHART}" if chart_name else ""))
+    if failures:
+        print(f"failed sections: {', '.join(failures)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
