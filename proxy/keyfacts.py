@@ -37,6 +37,20 @@ _PATTERNS = [
 ]
 _FACT_RE = re.compile("|".join(f"(?:{p})" for p in _PATTERNS))
 _MAX_FACT_LEN = 160
+# ``payload.get`` or ``log.debug`` name no fact worth keeping: generic method calls on
+# whatever variable happened to be at hand.
+_GENERIC_METHODS = frozenset(
+    "get set pop append extend update items keys values copy format join split strip lower "
+    "upper replace debug info warning warn error exception critical log print read write "
+    "close open load loads dump dumps".split()
+)
+
+
+def _is_noise(fact: str) -> bool:
+    if "/" in fact or "(" in fact:
+        return False
+    head, dot, tail = fact.rpartition(".")
+    return bool(dot) and head.isidentifier() and tail in _GENERIC_METHODS
 
 
 def extract_key_facts(text: str, limit: int = 500) -> list[str]:
@@ -44,7 +58,7 @@ def extract_key_facts(text: str, limit: int = 500) -> list[str]:
     seen: dict[str, None] = {}
     for match in _FACT_RE.finditer(text):
         fact = match.group(0).rstrip(".,;:")
-        if 2 < len(fact) <= _MAX_FACT_LEN and fact not in seen:
+        if 2 < len(fact) <= _MAX_FACT_LEN and fact not in seen and not _is_noise(fact):
             seen[fact] = None
             if len(seen) >= limit:
                 break
