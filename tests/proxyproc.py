@@ -59,7 +59,7 @@ class ProxyProcess:
 
     def start(
         self, extra_args: list[str] | None = None, env: dict[str, str] | None = None
-    ) -> "ProxyProcess":
+    ) -> ProxyProcess:
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [cli_path(), "serve", "--config", str(self.config_path), *(extra_args or [])],
@@ -90,7 +90,7 @@ class ProxyProcess:
     def logs(self) -> str:
         return self.log_path.read_text()
 
-    def __enter__(self) -> "ProxyProcess":
+    def __enter__(self) -> ProxyProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
