@@ -60,12 +60,14 @@ def usage_numbers(usage: Any) -> tuple[int, int, int, int]:
     def num(value: Any) -> int:
         return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
 
-    details = usage.get("prompt_tokens_details") or {}
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
     cached = num(details.get("cached_tokens") if isinstance(details, dict) else 0)
     cached = cached or num(usage.get("cache_read_input_tokens"))
     write = num(usage.get("cache_creation_input_tokens"))
     if "prompt_tokens" in usage:
         prompt = num(usage.get("prompt_tokens"))
+    elif "input_tokens_details" in usage:
+        prompt = num(usage.get("input_tokens"))  # OpenAI Responses: cached tokens included
     else:
         # Anthropic's input_tokens leaves out what was read from or written to the cache.
         prompt = num(usage.get("input_tokens")) + cached + write

@@ -41,6 +41,7 @@ from .store import Store, open_store
 from .surfaces import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
+    OPENAI_RESPONSES,
     Surface,
     anthropic_error,
     openai_error,
@@ -120,6 +121,10 @@ async def anthropic_messages(request: Request) -> Response:
     return await _serve(request, ANTHROPIC_MESSAGES)
 
 
+async def openai_responses(request: Request) -> Response:
+    return await _serve(request, OPENAI_RESPONSES)
+
+
 async def _serve(request: Request, surface: Surface) -> Response:
     """Parse, validate, identify, substitute, decide, forward, tee - for any surface."""
     res: Resources = request.app.state.res
@@ -130,6 +135,7 @@ async def _serve(request: Request, surface: Surface) -> Response:
     credential = credential_of(request)
     tenant = tenant_id(credential, request.headers.get("x-compaction-tenant"))
     bypass = request.headers.get("x-compaction", "").strip().lower() == "off"
+    bypass = bypass or surface.stateful(body)
     prepared: Prepared | None
     try:
         prepared = await res.compactor.prepare(
@@ -418,6 +424,7 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/messages", anthropic_messages, methods=["POST"]),
+        Route("/v1/responses", openai_responses, methods=["POST"]),
         *admin.routes(),  # operators' view: /metrics, /admin/api/*
         *dashboard.routes(),  # operators' view: /dashboard
         Route(

@@ -12,6 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import orjson
+
 from .errors import BadRequest
 from .messages import Message
 from .validation import validate_chat
@@ -31,6 +33,8 @@ class Surface:
     summary_role: Literal["system", "user"] | None  # None: the configured role
     stream_usage_option: bool  # OpenAI only sends stream usage when asked
     error_body: Callable[[str, str, str | None], dict[str, Any]]
+    # Requests that carry no full history (server-side state): forwarded untouched.
+    stateful: Callable[[dict[str, Any]], bool] = lambda body: False
 
 
 def openai_error(message: str, type_: str, code: str | None) -> dict[str, Any]:
@@ -146,13 +150,105 @@ ANTHROPIC_MESSAGES = Surface(
 )
 
 
+# ---- OpenAI /v1/responses ------------------------------------------------------------------
+
+ITEM_KEY = "_responses_item"  # the original input item behind a view message
+
+
+def validate_responses(body: dict[str, Any]) -> None:
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise BadRequest("'model' must be a non-empty string")
+    items = body.get("input")
+    if not isinstance(items, str | list):
+        raise BadRequest("'input' must be a string or an array of input items")
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise BadRequest(f"input[{i}] must be an object")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("'instructions' must be a string")
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean")
+
+
+def _item_view(item: dict[str, Any]) -> Message:
+    """A chat-shaped stand-in for one Responses input item, carrying the item itself.
+
+    The stand-in's fields name the item's meaning (so fingerprints, token counts, cut points
+    and transcripts work unchanged); the item is what gets forwarded.
+    """
+    kind = item.get("type", "message")
+    if kind == "message" or "role" in item:
+        view: Message = {"role": item.get("role", "user"), "content": item.get("content")}
+    elif kind == "function_call":
+        call = {
+            "id": item.get("call_id"),
+            "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+        }
+        view = {"role": "assistant", "tool_calls": [call]}
+    elif kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else orjson.dumps(output).decode()
+        view = {"role": "tool", "tool_call_id": item.get("call_id"), "content": text}
+    else:  # reasoning, web search, computer calls...: opaque but meaningful
+        view = {"role": "assistant", "content": f"[{kind}] " + orjson.dumps(item).decode()}
+    view[ITEM_KEY] = item
+    return view
+
+
+def _responses_to_view(body: dict[str, Any]) -> View:
+    items = body["input"]
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    view: View = [_item_view(item) for item in items]
+    if body.get("instructions"):
+        view.insert(0, {"role": "system", "content": body["instructions"], ITEM_KEY: None})
+    return view
+
+
+def _responses_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
+    out = dict(body)
+    if body.get("instructions"):
+        view = view[1:]
+    items = []
+    for m in view:
+        if ITEM_KEY in m:
+            items.append(m[ITEM_KEY])
+        else:  # our summary message
+            items.append({"type": "message", "role": m["role"], "content": m["content"]})
+    out["input"] = items
+    return out
+
+
+def stateful(body: dict[str, Any]) -> bool:
+    """A Responses request that continues server-side state sends only the new items:
+    there is no history here to compact."""
+    return bool(body.get("previous_response_id") or body.get("conversation"))
+
+
+OPENAI_RESPONSES = Surface(
+    name="responses",
+    path="/v1/responses",
+    validate=validate_responses,
+    to_view=_responses_to_view,
+    from_view=_responses_from_view,
+    summary_role=None,
+    stream_usage_option=False,
+    error_body=openai_error,
+    stateful=stateful,
+)
+
+
 def usage_of(obj: Any) -> dict[str, Any] | None:
-    """Usage in a reply or a stream event of either API (Anthropic's ``message_start``
-    nests it in ``message``)."""
+    """Usage in a reply or a stream event of any surface (Anthropic's ``message_start``
+    nests it in ``message``, Responses' ``response.completed`` in ``response``)."""
     if not isinstance(obj, dict):
         return None
     usage = obj.get("usage")
-    if not isinstance(usage, dict):
-        message = obj.get("message")
-        usage = message.get("usage") if isinstance(message, dict) else None
+    for key in ("message", "response"):
+        if not isinstance(usage, dict):
+            inner = obj.get(key)
+            usage = inner.get("usage") if isinstance(inner, dict) else None
     return usage if isinstance(usage, dict) else None

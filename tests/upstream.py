@@ -164,6 +164,7 @@ class ScriptedUpstream:
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._wrap(self._chat), methods=["POST"]),
             Route("/v1/messages", self._wrap(self._messages), methods=["POST"]),
+            Route("/v1/responses", self._wrap(self._responses), methods=["POST"]),
             Route("/v1/models", self._wrap(self._models), methods=["GET"]),
             Route("/v1/embeddings", self._wrap(self._embeddings), methods=["POST"]),
             Route("/v1/slow", self._wrap(self._slow), methods=["GET"]),
@@ -362,6 +363,62 @@ class ScriptedUpstream:
         if not body.get("stream"):
             return JSONResponse(message)
         return StreamingResponse(_anthropic_sse(message), media_type="text/event-stream")
+
+    async def _responses(self, request: Request, rec: Recorded) -> Response:
+        """OpenAI's Responses API, scripted like the chat route (same reply rules)."""
+        body = rec.json
+        if not isinstance(body, dict) or not isinstance(body.get("input"), str | list):
+            return JSONResponse(error_body(400, "'input' is required"), status_code=400)
+        items = body["input"]
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+        as_chat = []
+        for item in items:
+            if item.get("type") == "function_call_output":
+                as_chat.append({"role": "tool", "content": item.get("output")})
+            elif item.get("type") == "function_call":
+                as_chat.append({"role": "assistant", "content": None})
+            else:
+                as_chat.append({"role": item.get("role"), "content": item.get("content")})
+        reply = self.reply({"messages": as_chat})
+        n = self._next_id()[-6:]
+        output: list[dict] = []
+        if reply.get("content"):
+            output.append({"type": "message", "id": f"msg_{n}", "status": "completed",
+                           "role": "assistant", "content": [
+                               {"type": "output_text", "text": reply["content"],
+                                "annotations": []}]})
+        for call in reply.get("tool_calls") or []:
+            output.append({"type": "function_call", "id": f"fc_{n}", "call_id": call["id"],
+                           "name": call["function"]["name"],
+                           "arguments": call["function"]["arguments"], "status": "completed"})
+        counted = ([{"role": "system", "content": body["instructions"]}]
+                   if body.get("instructions") else []) + items
+        prompt_tokens = self.count_tokens(counted)
+        cached = self._cached_tokens(counted, prompt_tokens)
+        with self._lock:
+            self.cached_log.append((prompt_tokens, cached))
+        completion = max(1, self.count_tokens([reply]))
+        response = {"id": f"resp_{n}", "object": "response", "created_at": int(time.time()),
+                    "status": "completed", "model": body.get("model"), "output": output,
+                    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
+                    "usage": {"input_tokens": prompt_tokens,
+                              "input_tokens_details": {"cached_tokens": cached},
+                              "output_tokens": completion,
+                              "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": prompt_tokens + completion}}
+        if not body.get("stream"):
+            return JSONResponse(response)
+
+        async def events():
+            def event(data: dict) -> bytes:
+                return (b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data)
+                        + b"\n\n")
+            started = {**response, "status": "in_progress", "output": [], "usage": None}
+            yield event({"type": "response.created", "sequence_number": 0, "response": started})
+            yield event({"type": "response.completed", "sequence_number": 1,
+                         "response": response})
+
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     async def _models(self, request: Request, rec: Recorded) -> Response:
         return JSONResponse({"object": "list", "data": [
