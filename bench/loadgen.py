@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from uvloop import run
     except ImportError:
-        from asyncio import run
+        from asyncio import run  # type: ignore[assignment]
     print(json.dumps(run(drive(args))))
     return 0
 

@@ -251,6 +251,29 @@ def peak_rss_mb(pid: int) -> float | None:
     return total / 1024 if found else None
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far (0.0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def settle(pid: int, limit_s: float = 60.0) -> float:
+    """Wait until the server has finished work left over from the last cell (ledger writes,
+    logging): under 5% of a CPU for 0.3 s. Returns the seconds waited."""
+    started = time.monotonic()
+    before = cpu_seconds(pid)
+    while time.monotonic() - started < limit_s:
+        time.sleep(0.3)
+        now = cpu_seconds(pid)
+        if now - before < 0.015:
+            break
+        before = now
+    return time.monotonic() - started
+
+
 def request_body(history: int, stream: bool) -> bytes:
     """A chat request of ``history`` messages (the last one a user turn), as the client sends."""
     messages = conversation(max(history - 1, 2), seed=history)
@@ -414,6 +437,8 @@ def measure_target(
         for stream in (False, True):
             for concurrency in profile.concurrency:
                 body_file = bodies[(target.history, stream)]
+                if pid is not None:
+                    settle(pid)
                 result = load(port, body_file, key, concurrency, profile)
                 rows.append(
                     {

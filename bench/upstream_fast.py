@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from uvloop import run
     except ImportError:  # plain asyncio works, a little slower
-        from asyncio import run
+        from asyncio import run  # type: ignore[assignment]
     try:
         run(serve(args.host, args.port))
     except KeyboardInterrupt:

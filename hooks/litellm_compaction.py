@@ -381,26 +381,13 @@ class CompactionHook(CustomLogger):
             prepared = pending.prepared
             if status == 200:
                 compactor.schedule(prepared)
-            prompt, cached, write, completion = ledger.usage_numbers(usage)
-            entry = ledger.RequestEntry(
-                ts=time.time(),
-                tenant=prepared.tenant,
-                conversation=prepared.conversation,
-                model=prepared.model,
+            entry = ledger.RequestEntry.of(
+                prepared,
                 route=ROUTE,
-                case=prepared.case,
                 status=status,
-                original_messages=len(prepared.original),
-                forwarded_messages=len(prepared.forwarded),
-                original_tokens=prepared.original_tokens,
-                forwarded_tokens=prepared.forwarded_tokens,
-                prompt_tokens=prompt,
-                cached_tokens=cached,
-                cache_write_tokens=write,
-                completion_tokens=completion,
-                latency_s=round(latency, 4),
-                overhead_s=round(pending.overhead_s, 6),
-                record=prepared.record.prefix_hash if prepared.record else None,
+                usage=usage,
+                latency_s=latency,
+                overhead_s=pending.overhead_s,
             )
             log.debug(
                 "request",

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import costs
 from .modelmap import model_info
 from .records import conv_key
 from .store import Store
+
+if TYPE_CHECKING:  # the compactor imports this module
+    from .compactor import Prepared
 
 TOTALS_KEY = "totals"
 
@@ -41,6 +44,40 @@ class RequestEntry:
     latency_s: float
     overhead_s: float
     record: str | None = None  # prefix hash of the compaction in effect, if any
+
+    @classmethod
+    def of(
+        cls,
+        prepared: Prepared,
+        *,
+        route: str,
+        status: int,
+        usage: Any,
+        latency_s: float,
+        overhead_s: float,
+    ) -> RequestEntry:
+        """The entry for one prepared request and the upstream's usage (any API's shape)."""
+        prompt, cached, write, completion = usage_numbers(usage)
+        return cls(
+            ts=time.time(),
+            tenant=prepared.tenant,
+            conversation=prepared.conversation,
+            model=prepared.model,
+            route=route,
+            case=prepared.case,
+            status=status,
+            original_messages=len(prepared.original),
+            forwarded_messages=len(prepared.forwarded),
+            original_tokens=prepared.original_tokens,
+            forwarded_tokens=prepared.forwarded_tokens,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            cache_write_tokens=write,
+            completion_tokens=completion,
+            latency_s=round(latency_s, 4),
+            overhead_s=round(overhead_s, 6),
+            record=prepared.record.prefix_hash if prepared.record else None,
+        )
 
     @property
     def saved_tokens(self) -> int:

@@ -267,7 +267,7 @@ def _finish(
 ) -> None:
     """After the response: the log line, the ledger, and any background compaction."""
     latency = time.perf_counter() - started
-    prompt, cached, write, completion = ledger.usage_numbers(usage)
+    _, cached, _, _ = ledger.usage_numbers(usage)
     log.info(
         "request",
         extra={
@@ -288,25 +288,13 @@ def _finish(
         return
     if status == 200:
         res.compactor.schedule(prepared)
-    entry = ledger.RequestEntry(
-        ts=time.time(),
-        tenant=prepared.tenant,
-        conversation=prepared.conversation,
-        model=prepared.model,
+    entry = ledger.RequestEntry.of(
+        prepared,
         route=surface.name,
-        case=prepared.case,
         status=status,
-        original_messages=len(prepared.original),
-        forwarded_messages=len(prepared.forwarded),
-        original_tokens=prepared.original_tokens,
-        forwarded_tokens=prepared.forwarded_tokens,
-        prompt_tokens=prompt,
-        cached_tokens=cached,
-        cache_write_tokens=write,
-        completion_tokens=completion,
-        latency_s=round(latency, 4),
-        overhead_s=round(overhead, 6),
-        record=prepared.record.prefix_hash if prepared.record else None,
+        usage=usage,
+        latency_s=latency,
+        overhead_s=overhead,
     )
     res.compactor.spawn(_write_ledger(res, entry, prepared))
 

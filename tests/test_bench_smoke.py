@@ -1,0 +1,116 @@
+"""The benchmark harness keeps working: ``python -m bench.run --smoke`` end to end.
+
+Only the shape of the report is checked (sections, tables, numbers in them, the chart, the
+substitution really happening). No timing is asserted: figures belong in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS_REPORT = ROOT / "docs" / "benchmarks.md"
+NUMBER = re.compile(r"\d")
+
+pytestmark = pytest.mark.slow
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    return (path.stat().st_mtime_ns, path.stat().st_size) if path.exists() else None
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("bench-smoke")
+    before = _stamp(DOCS_REPORT)
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, f"stdout:\n{done.stdout[-3000:]}\nstderr:\n{done.stderr[-6000:]}"
+    assert _stamp(DOCS_REPORT) == before, "smoke mode must never touch docs/benchmarks.md"
+    return out, (out / "benchmarks.md").read_text()
+
+
+def section(report: str, heading: str) -> str:
+    """The text under ``## heading`` up to the next ``## ``."""
+    match = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", report, re.M | re.S)
+    assert match, f"no section {heading!r} in the report"
+    return match.group(1)
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """Data rows of every markdown table in ``text`` (header and separator lines dropped)."""
+    rows: list[list[str]] = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("|") or set(line) <= set("|-: "):
+            continue
+        if i + 1 < len(lines) and set(lines[i + 1]) <= set("|-: ") and "-" in lines[i + 1]:
+            continue  # a header line
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_report_has_every_section_with_numbers(smoke: tuple[Path, str]) -> None:
+    _, report = smoke
+    assert "python -m bench.run --smoke" in report
+    machine = section(report, "Machine and command")
+    assert "CPUs" in machine and "Python 3." in machine
+    for heading in ("Aims", "1. Overhead", "2. Core cost", "3. Savings", "4. Compaction policies"):
+        text = section(report, heading)
+        assert "This section failed" not in text, text[-3000:]
+        rows = table_rows(text)
+        assert rows, f"no table rows under {heading!r}"
+        assert all(any(NUMBER.search(cell) for cell in row) for row in rows), heading
+
+
+def test_overhead_table_has_every_path_streaming_and_not(smoke: tuple[Path, str]) -> None:
+    _, report = smoke
+    text = section(report, "1. Overhead")
+    assert "**Non-streaming**" in text and "**Streaming**" in text
+    labels = {row[0] for row in table_rows(text)}
+    for label in ("direct to upstream", "proxy, below trigger", "proxy, substitution",
+                  "litellm (no callbacks)"):  # fmt: skip
+        assert label in labels, f"no {label!r} row"
+    assert "litellm + our hook" in labels or "Row left out: litellm + our hook" in text
+    latency_rows = [row for row in table_rows(text) if len(row) == 9]
+    for row in latency_rows:
+        float(row[3].replace(",", ""))  # p50 ms is a number in every row
+        float(row[6].replace(",", ""))  # so is req/s
+
+
+def test_substitution_rows_forwarded_a_stored_compaction(smoke: tuple[Path, str]) -> None:
+    _, report = smoke
+    rows = [row for row in table_rows(section(report, "1. Overhead")) if len(row) == 5]
+    substituted = [row for row in rows if row[0] == "proxy, substitution"]
+    assert substituted
+    for _, _, case, sent, forwarded in substituted:
+        assert case == "`summarize`"
+        assert int(forwarded.replace(",", "")) < int(sent.replace(",", ""))
+
+
+def test_savings_chart_is_written(smoke: tuple[Path, str]) -> None:
+    out, report = smoke
+    assert "](savings.png)" in section(report, "3. Savings")
+    assert (out / "savings.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_smoke_refuses_to_write_into_docs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(ROOT / "docs")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert "never writes into docs" in done.stderr
