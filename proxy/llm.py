@@ -8,6 +8,7 @@ another provider (``anthropic/...``). It never raises anything but ``CompactionF
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -21,7 +22,15 @@ from .messages import Message
 log = logging.getLogger("compaction_proxy.llm")
 
 # Provider prefixes that the plain OpenAI-compatible path serves itself.
-_OPENAI_PREFIXES = ("openai/", "gpt-", "o1", "o3", "o4", "chatgpt-")
+# LiteLLM provider prefixes whose APIs are not OpenAI-compatible chat completions at the
+# configured upstream. Any other name, slashes included (``meta-llama/Llama-3.1-8B`` on vLLM,
+# a llama.cpp model path), is the upstream's own model name and goes there over HTTP.
+_LITELLM_PROVIDERS = frozenset(
+    "anthropic bedrock bedrock_converse vertex_ai vertex_ai_beta gemini cohere cohere_chat "
+    "mistral groq together_ai fireworks_ai deepseek xai perplexity ollama ollama_chat azure "
+    "azure_ai openrouter replicate huggingface sagemaker databricks watsonx cerebras nvidia_nim "
+    "deepinfra cloudflare ai21 dashscope moonshot".split()
+)
 
 
 @dataclass(frozen=True)
@@ -46,9 +55,8 @@ class LLM(Protocol):
 
 
 def _needs_litellm(model: str) -> bool:
-    if "/" not in model:
-        return False
-    return not model.startswith(_OPENAI_PREFIXES)
+    provider, slash, _ = model.partition("/")
+    return bool(slash) and provider in _LITELLM_PROVIDERS
 
 
 def reply_from(body: dict[str, Any], model: str) -> LLMReply:
@@ -129,6 +137,9 @@ class HttpLLM:
 async def _litellm_complete(
     model: str, messages: Sequence[Message], max_tokens: int, timeout: float
 ) -> LLMReply:
+    # Importing litellm fetches its model map from the internet unless told not to; the
+    # proxy makes no network calls but to the upstream (and here, the named provider).
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         import litellm
 
