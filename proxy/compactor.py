@@ -140,6 +140,13 @@ class Compactor:
             return None, cooling
         return record, cooling
 
+    def _prepare_sync(
+        self, tenant: str, conversation: str, chain: Sequence[bytes]
+    ) -> tuple[CompactionRecord | None, bool, StabilityState | None, Any]:
+        """Everything ``prepare`` reads from the store, in one hop off the event loop."""
+        record, cooling = self._lookup_sync(tenant, conversation, chain)
+        return (record, cooling, *self._history_sync(tenant, conversation))
+
     def _history_sync(self, tenant: str, conversation: str) -> tuple[StabilityState | None, Any]:
         """The stability tracker and the ledger's view of this conversation (one thread hop)."""
         state = StabilityState.from_json(self.store.get(conv_key("stab", tenant, conversation)))
@@ -170,8 +177,9 @@ class Compactor:
         meta: Any = None
         if not bypass and self.settings.enabled:
             try:
-                record, cooling = await self._io(self._lookup_sync, tenant, conversation, chain)
-                tracker, meta = await self._io(self._history_sync, tenant, conversation)
+                record, cooling, tracker, meta = await self._io(
+                    self._prepare_sync, tenant, conversation, chain
+                )
                 tracker = self._recent_stability.get((tenant, conversation), tracker)
             except StoreError as exc:
                 log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
