@@ -1,6 +1,6 @@
 """Overhead of the proxy in the hot path: latency, throughput and memory, side by side.
 
-    python -m bench.overhead [--smoke] [--json PATH] [--no-litellm]
+    python -m bench.overhead [--smoke] [--json PATH] [--no-litellm] [--workers N]
 
 Every row sends the same request body, back to back, from a load generator in its own
 process (``bench.loadgen``) to a fast fixed-reply upstream in its own process
@@ -18,7 +18,9 @@ process (``bench.loadgen``) to a fast fixed-reply upstream in its own process
 - ``litellm + hook``: the same with ``callbacks: hooks.litellm_compaction.compaction_hook``.
 
 Each server runs one worker and is restarted per row, so ``peak RSS`` (VmHWM of the server and
-its children, read from /proc before it stops) belongs to that row. Latency is measured from
+its children, read from /proc before it stops) belongs to that row. Before each cell the
+harness waits until the server is idle again (work left over from the previous cell, such as
+queued ledger writes, would otherwise be billed to the next one). Latency is measured from
 the request's first byte written to the response's last byte read (whole stream included);
 p50/p99 are over all measured requests of a cell; ``req/s`` is measured requests over the
 measuring window. Nothing here is asserted: this is a benchmark, not a test.
@@ -71,7 +73,7 @@ class Profile:
     max_requests: int
 
 
-FULL = Profile("full", 50, (50, 500, 2000), (1, 16, 64), 1.0, 4.0, 20_000)
+FULL = Profile("full", 50, (50, 500, 2000), (1, 16, 64), 1.0, 6.0, 20_000)
 SMOKE = Profile("smoke", 20, (20, 60), (1, 8), 0.1, 0.3, 200)
 
 
@@ -155,9 +157,10 @@ class FastUpstream:
 class LiteLLMServer:
     """``litellm --config`` (one worker, no database) with one model on the fast upstream."""
 
-    def __init__(self, tmp: Path, upstream_url: str, *, hook: bool) -> None:
+    def __init__(self, tmp: Path, upstream_url: str, *, hook: bool, workers: int = 1) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
         self.tmp = tmp
+        self.workers = workers
         self.port = free_port()
         self.master_key = "sk-" + secrets.token_hex(24)
         config: dict[str, Any] = {
@@ -200,7 +203,14 @@ class LiteLLMServer:
     def start(self) -> LiteLLMServer:
         cli = Path(sys.executable).parent / "litellm"
         command = [str(cli) if cli.exists() else "litellm", "--config", str(self.config_path)]
-        command += ["--host", "127.0.0.1", "--port", str(self.port), "--num_workers", "1"]
+        command += [
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--num_workers",
+            str(self.workers),
+        ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp
@@ -252,12 +262,17 @@ def peak_rss_mb(pid: int) -> float | None:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of ``pid`` so far (0.0 once it is gone)."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds of ``pid`` and its descendants so far."""
+    tree, todo, ticks = _children(), [pid], 0
+    while todo:
+        p = todo.pop()
+        todo.extend(tree.get(p, []))
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def settle(pid: int, limit_s: float = 60.0) -> float:
@@ -341,7 +356,7 @@ def targets(profile: Profile, litellm: bool) -> list[Target]:
 
 @contextmanager
 def server_for(
-    target: Target, work: Path, upstream: FastUpstream, seeded_store: Path
+    target: Target, work: Path, upstream: FastUpstream, seeded_store: Path, workers: int
 ) -> Iterator[tuple[int, str, int | None]]:
     """Start the server under test; yield (port, auth key, pid for RSS)."""
     tmp = work / f"{target.kind}-{target.history}"
@@ -355,14 +370,15 @@ def server_for(
             tmp, upstream.base_url, store={"url": f"diskcache://{store}"},
             compaction=MEASURE_COMPACTION,
         )  # fmt: skip
-        proxy.start()
+        proxy.start(["--workers", str(workers)])
         try:
             assert proxy.proc is not None
             yield proxy.port, target.key, proxy.proc.pid
         finally:
             proxy.stop()
         return
-    server = LiteLLMServer(tmp, upstream.base_url, hook=target.kind == "litellm-hook").start()
+    hook = target.kind == "litellm-hook"
+    server = LiteLLMServer(tmp, upstream.base_url, hook=hook, workers=workers).start()
     try:
         assert server.proc is not None
         yield server.port, server.master_key, server.proc.pid
@@ -384,7 +400,9 @@ def seed_records(work: Path, upstream: FastUpstream, profile: Profile, store: Pa
     return seeded
 
 
-def run(profile: Profile, *, litellm: bool = True, log: Any = sys.stderr) -> dict[str, Any]:
+def run(
+    profile: Profile, *, litellm: bool = True, workers: int = 1, log: Any = sys.stderr
+) -> dict[str, Any]:
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     skipped: list[str] = []
@@ -402,7 +420,7 @@ def run(profile: Profile, *, litellm: bool = True, log: Any = sys.stderr) -> dic
                     path.write_bytes(request_body(target.history, stream))
                     bodies[(target.history, stream)] = path
             try:
-                rows += measure_target(target, work, upstream, store, bodies, profile, log)
+                rows += measure_target(target, work, upstream, store, bodies, profile, workers, log)
             except RuntimeError as exc:
                 if not target.kind.startswith("litellm"):
                     raise
@@ -413,6 +431,7 @@ def run(profile: Profile, *, litellm: bool = True, log: Any = sys.stderr) -> dic
         shutil.rmtree(work, ignore_errors=True)
     return {
         "profile": profile.__dict__,
+        "workers": workers,
         "rows": rows,
         "seeded": seeded,
         "skipped": skipped,
@@ -427,10 +446,11 @@ def measure_target(
     store: Path,
     bodies: dict[tuple[int, bool], Path],
     profile: Profile,
+    workers: int,
     log: Any,
 ) -> list[dict[str, Any]]:
     rows = []
-    with server_for(target, work, upstream, store) as (port, key, pid):
+    with server_for(target, work, upstream, store, workers) as (port, key, pid):
         body = bodies[(target.history, False)]
         seen = check(port, body.read_bytes(), key, target.expect_case)
         messages = len(orjson.loads(body.read_bytes())["messages"])
@@ -548,9 +568,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--smoke", action="store_true", help="tiny sizes and durations")
     parser.add_argument("--no-litellm", action="store_true", help="leave out the LiteLLM rows")
+    parser.add_argument("--workers", type=int, default=1, help="workers per server (default 1)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     args = parser.parse_args(argv)
-    results = run(SMOKE if args.smoke else FULL, litellm=not args.no_litellm)
+    profile = SMOKE if args.smoke else FULL
+    results = run(profile, litellm=not args.no_litellm, workers=args.workers)
     print(markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

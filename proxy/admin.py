@@ -429,8 +429,10 @@ def _int_param(request: Request, name: str, default: int) -> int:
 
 
 async def _read(request: Request, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Check the token, then run a store query off the event loop."""
+    """Check the token, then run a store query off the event loop, after this worker's
+    queued ledger writes (so a request that was answered is always counted)."""
     require_admin(request)
+    await request.app.state.res.compactor.writer.flush()
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 

@@ -36,6 +36,7 @@ from .settings import CompactionSettings
 from .stability import StabilityState, TierThresholds
 from .store import Store, get_list
 from .tokens import TokenCounter
+from .writer import BatchWriter
 
 log = logging.getLogger("compaction_proxy.compactor")
 
@@ -120,6 +121,8 @@ class Compactor:
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._recent_stability: dict[tuple[str, str], StabilityState] = {}
+        # Ledger entries and the stability tracker are written in batches, off the hot path.
+        self.writer = BatchWriter(store, retention_s)
 
     # ---- store access (sync store, run off the event loop) -------------------------------
 
@@ -203,7 +206,7 @@ class Compactor:
         if prepared.decision.action == "inline":
             prepared = await self._inline(prepared)
         if self.settings.enabled:
-            self._stabilise(prepared, tracker)
+            self._stabilise(prepared, tracker, fps)
         return prepared
 
     def _pays(self, prepared: Prepared, meta: Any) -> bool:
@@ -219,7 +222,7 @@ class Compactor:
         s = self.settings
         expected_after = min(
             prepared.forwarded_tokens,
-            sum(prepared.forwarded_counts[: self._head(prepared)])
+            sum(prepared.forwarded_counts[: _head_len(prepared)])
             + s.verbatim_window_tokens
             + s.summary_budget_tokens,
         )
@@ -234,14 +237,18 @@ class Compactor:
         )
         return net > 0
 
-    def _head(self, prepared: Prepared) -> int:
-        return _head_len(prepared)
-
-    def _stabilise(self, prepared: Prepared, previous: StabilityState | None) -> None:
+    def _stabilise(
+        self, prepared: Prepared, previous: StabilityState | None, original_fps: list[bytes]
+    ) -> None:
         """Track what stayed in place; on Anthropic-family models place cache breakpoints."""
         head_len = _head_len(prepared)
         summary_at = head_len if prepared.record and prepared.record.summary else None
-        fps = fingerprints(prepared.forwarded)
+        record = prepared.record
+        if record is None:
+            fps = original_fps  # nothing substituted: the same messages
+        else:
+            summary = [fingerprint(record.summary)] if record.summary is not None else []
+            fps = original_fps[: record.head_len] + summary + original_fps[record.k :]
         items = stability.prompt_items(fps, head_len, summary_at)
         record_hash = prepared.record.prefix_hash if prepared.record else None
         prepared.stability = stability.observe(previous, items, record_hash)
@@ -324,7 +331,7 @@ class Compactor:
             recent[(prepared.tenant, prepared.conversation)] = prepared.stability
             if len(recent) > 4096:
                 recent.pop(next(iter(recent)))
-            self._spawn(loop.create_task(self._save_stability(prepared)))
+            self._save_stability(prepared)
         if prepared.decision.action == "background":
             self._spawn(loop.create_task(self.compact(prepared, inline=False)))
 
@@ -336,18 +343,17 @@ class Compactor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _save_stability(self, prepared: Prepared) -> None:
+    def _save_stability(self, prepared: Prepared) -> None:
         assert prepared.stability is not None
         key = conv_key("stab", prepared.tenant, prepared.conversation)
-        try:
-            await self._io(self.store.set, key, prepared.stability.to_json(), self.retention_s)
-        except StoreError:
-            pass  # the tracker restarts at N = 0: one planned cache miss at worst
+        # Written in the next batch; a lost write only restarts the tracker at N = 0.
+        self.writer.put(key, prepared.stability.to_json(), self.retention_s)
 
     async def drain(self, timeout: float | None = None) -> None:
-        """Wait for scheduled background compactions (shutdown and tests)."""
+        """Wait for scheduled background compactions and queued writes (shutdown and tests)."""
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=timeout)
+        await self.writer.close()
 
     # ---- compaction ----------------------------------------------------------------------
 

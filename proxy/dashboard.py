@@ -724,6 +724,7 @@ async def overview(request: Request) -> Response:
         )
         return data, listing
 
+    await request.app.state.res.compactor.writer.flush()
     data, listing = await asyncio.to_thread(load)
     body = overview_body(data, listing, params)
     return page("Overview", body, logout=_logout_shown(request), refresh=refresh_ms(request))
@@ -741,6 +742,7 @@ async def conversation(request: Request) -> Response:
         return detail, admin.histories(res.store, res.compactor.counter, tenant, conv)
 
     try:
+        await res.compactor.writer.flush()
         detail, hist = await asyncio.to_thread(load)
     except NotFound as exc:
         body = f'<h1>Not found</h1><p class="mute">{esc(exc)}</p>'

@@ -150,62 +150,94 @@ def record_request(
     retention_s: float | None,
 ) -> None:
     """Write one request to the conversation, the totals and the hourly series (sync)."""
-    hour = time.strftime("%Y%m%d%H", time.gmtime(entry.ts))
+    record_batch(store, [(entry, original)], retention_s)
 
-    prices = costs.prices_for(entry.model)
-    savings: list[costs.RequestSaving] = []
 
-    def conv_update(meta: Any) -> dict[str, Any]:
-        meta = meta if isinstance(meta, dict) else {"first_seen": entry.ts}
-        if entry.status < 400:
-            saving = costs.request_saving(
-                prices,
-                original_tokens=entry.original_tokens,
-                forwarded_tokens=entry.forwarded_tokens,
-                previous_original_tokens=meta.get("last_original_tokens", 0),
-                cached=entry.cached_tokens,
-                written=entry.cache_write_tokens,
-            )
-            savings[:] = [saving]
-            _add_saving(meta, saving)
-            meta["last_original_tokens"] = entry.original_tokens
-            if entry.record:
-                per = meta.setdefault("by_compaction", {}).setdefault(entry.record, {})
-                per["requests"] = per.get("requests", 0) + 1
-                per["gross_tokens"] = per.get("gross_tokens", 0) + saving.gross_tokens
-                _add_saving(per, saving)
-        meta.update(
-            tenant=entry.tenant,
-            conversation=entry.conversation,
-            model=entry.model,
-            last_seen=entry.ts,
-            last_case=entry.case,
-            messages=entry.original_messages,
+def _conv_apply(
+    meta: Any, entry: RequestEntry, saving: list[costs.RequestSaving]
+) -> dict[str, Any]:
+    meta = meta if isinstance(meta, dict) else {"first_seen": entry.ts}
+    if entry.status < 400:
+        found = costs.request_saving(
+            costs.prices_for(entry.model),
+            original_tokens=entry.original_tokens,
+            forwarded_tokens=entry.forwarded_tokens,
+            previous_original_tokens=meta.get("last_original_tokens", 0),
+            cached=entry.cached_tokens,
+            written=entry.cache_write_tokens,
         )
-        return _add(meta, entry)
+        saving.append(found)
+        _add_saving(meta, found)
+        meta["last_original_tokens"] = entry.original_tokens
+        if entry.record:
+            per = meta.setdefault("by_compaction", {}).setdefault(entry.record, {})
+            per["requests"] = per.get("requests", 0) + 1
+            per["gross_tokens"] = per.get("gross_tokens", 0) + found.gross_tokens
+            _add_saving(per, found)
+    meta.update(
+        tenant=entry.tenant,
+        conversation=entry.conversation,
+        model=entry.model,
+        last_seen=entry.ts,
+        last_case=entry.case,
+        messages=entry.original_messages,
+    )
+    return _add(meta, entry)
 
-    store.update(conv_key("conv", entry.tenant, entry.conversation), conv_update, retention_s)
+
+def record_batch(
+    store: Store,
+    batch: list[tuple[RequestEntry, list[dict[str, Any]] | None]],
+    retention_s: float | None,
+) -> None:
+    """Write many requests with one store update per conversation, hour and the totals.
+
+    Entries are applied in order; for each conversation only the newest original history is
+    kept (the operator's "what the client last sent").
+    """
+    by_conv: dict[tuple[str, str], list[tuple[RequestEntry, Any]]] = {}
+    for entry, original in batch:
+        by_conv.setdefault((entry.tenant, entry.conversation), []).append((entry, original))
+    savings: list[costs.RequestSaving] = []
+    for (tenant, conversation), items in by_conv.items():
+
+        def conv_update(meta: Any, items: list[tuple[RequestEntry, Any]] = items) -> Any:
+            for entry, _ in items:
+                meta = _conv_apply(meta, entry, savings)
+            return meta
+
+        store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
+        store.extend(
+            conv_key("req", tenant, conversation),
+            [e.__dict__ | {"saved_tokens": e.saved_tokens} for e, _ in items],
+            retention_s,
+            500,
+        )
+        latest = next((o for _, o in reversed(items) if o is not None), None)
+        if latest is not None:
+            store.set(conv_key("orig", tenant, conversation), latest, retention_s)
 
     def totals_update(totals: Any) -> dict[str, Any]:
-        totals = _add(totals if isinstance(totals, dict) else {}, entry)
+        totals = totals if isinstance(totals, dict) else {}
+        for entry, _ in batch:
+            totals = _add(totals, entry)
         for saving in savings:
             _add_saving(totals, saving)
         return totals
 
     store.update(TOTALS_KEY, totals_update, None)
-    store.update(
-        f"hour:{hour}",
-        lambda t: _add(t if isinstance(t, dict) else {"hour": hour}, entry),
-        retention_s,
-    )
-    store.append(
-        conv_key("req", entry.tenant, entry.conversation),
-        entry.__dict__ | {"saved_tokens": entry.saved_tokens},
-        retention_s,
-        500,
-    )
-    if original is not None:
-        store.set(conv_key("orig", entry.tenant, entry.conversation), original, retention_s)
+    hours: dict[str, list[RequestEntry]] = {}
+    for entry, _ in batch:
+        hours.setdefault(time.strftime("%Y%m%d%H", time.gmtime(entry.ts)), []).append(entry)
+    for hour, entries in hours.items():
+
+        def hour_update(t: Any, hour: str = hour, entries: list[RequestEntry] = entries) -> Any:
+            t = t if isinstance(t, dict) else {"hour": hour}
+            for entry in entries:
+                t = _add(t, entry)
+            return t
+
+        store.update(f"hour:{hour}", hour_update, retention_s)
 
 
 def record_compaction(

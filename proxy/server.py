@@ -6,7 +6,6 @@ client, the store and the metrics registry, so building two apps in one process 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -25,7 +24,7 @@ from starlette.routing import Route
 from . import admin, dashboard, ledger  # admin, dashboard: the operators' view
 from .compactor import Compactor, Prepared, Prompts
 from .config import Config, load_prompt
-from .errors import BadRequest, PayloadTooLarge, ProxyError, StoreError
+from .errors import BadRequest, PayloadTooLarge, ProxyError
 from .fingerprint import tenant_id
 from .forward import (
     make_client,
@@ -296,16 +295,7 @@ def _finish(
         latency_s=latency,
         overhead_s=overhead,
     )
-    res.compactor.spawn(_write_ledger(res, entry, prepared))
-
-
-async def _write_ledger(res: Resources, entry: ledger.RequestEntry, prepared: Prepared) -> None:
-    try:
-        await asyncio.to_thread(
-            ledger.record_request, res.store, entry, prepared.original, res.config.retention_s
-        )
-    except StoreError as exc:
-        log.warning("ledger write failed", extra={"error": str(exc)})
+    res.compactor.writer.record(entry, prepared.original)
 
 
 async def passthrough(request: Request) -> Response:

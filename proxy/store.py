@@ -39,6 +39,9 @@ class Store(Protocol):
     def append(
         self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000
     ) -> None: ...
+    def extend(
+        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
+    ) -> None: ...
     def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any: ...
     def keys(self, prefix: str) -> Iterator[str]: ...
     def close(self) -> None: ...
@@ -114,12 +117,19 @@ class DiskStore:
         return float(self._guard(run))
 
     def append(self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000) -> None:
+        self.extend(key, [item], ttl, max_items)
+
+    def extend(
+        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
+    ) -> None:
+        """Atomic append of several items (one transaction), keeping the newest ``max_items``."""
+
         def run() -> None:
             with self._cache.transact():
-                items = _load(self._cache.get(key))
-                items = items if isinstance(items, list) else []
-                items.append(item)
-                self._cache.set(key, _dump(items[-max_items:]), expire=ttl)
+                current = _load(self._cache.get(key))
+                current = current if isinstance(current, list) else []
+                current.extend(items)
+                self._cache.set(key, _dump(current[-max_items:]), expire=ttl)
 
         self._guard(run)
 
@@ -182,9 +192,16 @@ class RedisStore:
         return value
 
     def append(self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000) -> None:
+        self.extend(key, [item], ttl, max_items)
+
+    def extend(
+        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
+    ) -> None:
+        if not items:
+            return
         list_key = key + ":list"
         pipe = self._redis.pipeline()
-        pipe.rpush(list_key, _dump(item))
+        pipe.rpush(list_key, *[_dump(item) for item in items])
         pipe.ltrim(list_key, -max_items, -1)
         if ttl:
             pipe.pexpire(list_key, int(ttl * 1000))
