@@ -129,6 +129,12 @@ class Compactor:
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(fn, *args)
 
+    async def _read(self, fn: Any, *args: Any) -> Any:
+        """A hot-path read: inline for a local store, from a thread for a networked one."""
+        if getattr(self.store, "reads_block", True):
+            return await asyncio.to_thread(fn, *args)
+        return fn(*args)
+
     def _lookup_sync(
         self, tenant: str, conversation: str, chain: Sequence[bytes]
     ) -> tuple[CompactionRecord | None, bool]:
@@ -151,9 +157,16 @@ class Compactor:
         return (record, cooling, *self._history_sync(tenant, conversation))
 
     def _history_sync(self, tenant: str, conversation: str) -> tuple[StabilityState | None, Any]:
-        """The stability tracker and the ledger's view of this conversation (one thread hop)."""
-        state = StabilityState.from_json(self.store.get(conv_key("stab", tenant, conversation)))
-        return state, self.store.get(conv_key("conv", tenant, conversation))
+        """The stability tracker (unless this worker holds the newest) and, for the cost
+        policy only, the ledger's view of this conversation."""
+        state = self._recent_stability.get((tenant, conversation))
+        if state is None:
+            raw = self.store.get(conv_key("stab", tenant, conversation))
+            state = StabilityState.from_json(raw)
+        meta = None
+        if self.settings.policy == "cost":
+            meta = self.store.get(conv_key("conv", tenant, conversation))
+        return state, meta
 
     # ---- the request path ----------------------------------------------------------------
 
@@ -180,10 +193,9 @@ class Compactor:
         meta: Any = None
         if not bypass and self.settings.enabled:
             try:
-                record, cooling, tracker, meta = await self._io(
+                record, cooling, tracker, meta = await self._read(
                     self._prepare_sync, tenant, conversation, chain
                 )
-                tracker = self._recent_stability.get((tenant, conversation), tracker)
             except StoreError as exc:
                 log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
         prepared = self._view(
