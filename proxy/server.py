@@ -228,6 +228,9 @@ async def _relay(
     completed = False
     try:
         async for chunk in upstream.aiter_raw():
+            # Every event completed by this read goes out at once, in one write: nothing
+            # waits for later bytes, and the client is not sent one syscall per event.
+            out = []
             for event in splitter.feed(chunk):
                 if b'"usage"' in event:
                     obj = event_json(event)
@@ -237,7 +240,9 @@ async def _relay(
                         usage.update({k: v for k, v in found.items() if v is not None})
                         if drop_usage and is_usage_only(obj):
                             continue
-                yield event
+                out.append(event)
+            if out:
+                yield b"".join(out)
         rest = splitter.flush()
         if rest:
             yield rest
