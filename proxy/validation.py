@@ -35,6 +35,10 @@ def validate_chat(body: dict[str, Any]) -> None:
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be a boolean")
     for i, m in enumerate(messages):
+        # The common case, checked cheaply first: {"role": ..., "content": "text"}.
+        if type(m) is dict and len(m) == 2 and type(m.get("content")) is str:
+            if m.get("role") in ROLES:
+                continue
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise BadRequest(f"{where} must be an object")
