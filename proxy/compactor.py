@@ -520,6 +520,7 @@ class Compactor:
                     fwd[plan.body_start : cut],
                     earlier,
                     s.summary_budget_tokens,
+                    _transcript_chars(s.summary_model or prepared.model),
                 ),
                 max_tokens=s.summary_budget_tokens,
                 purpose="summarizer",
@@ -712,6 +713,14 @@ class Compactor:
             await self._io(write)
         except StoreError:
             pass
+
+
+def _transcript_chars(model: str) -> int:
+    """What the summary model can read: half its context window (~4 characters a token)."""
+    window = context_window(model)
+    if not window:
+        return summarizer.DEFAULT_MAX_TRANSCRIPT_CHARS
+    return max(8_000, window * 2)
 
 
 def _reply_usd(reply: LLMReply) -> float:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .messages import Message, transcript
+from .messages import Message, render
 
 _REFUSAL_RE = re.compile(
     # ['’]: models often write typographic apostrophes ("I’m sorry").
@@ -23,14 +23,38 @@ class SummaryRejected(ValueError):
     """The summarizer's reply is empty, truncated or a refusal."""
 
 
+# Transcripts are capped so the summary model can read them (~4 characters a token).
+DEFAULT_MAX_TRANSCRIPT_CHARS = 400_000
+
+
 def build_request(
-    prompt: str, span: Sequence[Message], earlier_summary: str | None, budget_tokens: int
+    prompt: str,
+    span: Sequence[Message],
+    earlier_summary: str | None,
+    budget_tokens: int,
+    max_chars: int = DEFAULT_MAX_TRANSCRIPT_CHARS,
 ) -> list[Message]:
-    """Instructions plus the span as one prose transcript in a single user message."""
+    """Instructions plus the span as one prose transcript in a single user message.
+
+    A transcript longer than ``max_chars`` keeps its most recent messages and says how many
+    older ones it leaves out: a first compaction of a history larger than the summary model's
+    context would otherwise always fail. (The key-facts guard still reads the whole span.)
+    """
     parts = []
     if earlier_summary:
         parts.append(f"EARLIER SUMMARY:\n{earlier_summary.strip()}")
-    parts.append(f"TRANSCRIPT ({len(span)} messages):\n{transcript(span)}")
+    rendered = [render(m) for m in span]
+    kept, used = 0, 0
+    for text in reversed(rendered):
+        if kept and used + len(text) + 2 > max_chars:
+            break
+        kept += 1
+        used += len(text) + 2
+    left_out = len(rendered) - kept
+    body_text = "\n\n".join(rendered[left_out:])
+    if left_out:
+        body_text = f"[{left_out} older messages left out: too long to read at once]\n\n{body_text}"
+    parts.append(f"TRANSCRIPT ({len(span)} messages):\n{body_text}")
     body = "\n\n".join(parts)
     return [
         {"role": "system", "content": prompt.replace("{budget}", str(budget_tokens))},

@@ -131,3 +131,16 @@ def test_strip_summary_header() -> None:
     content = "[History Summary - 12 earlier messages]\n\nThe text.\n\nMore."
     assert strip_summary_header(content) == "The text.\n\nMore."
     assert strip_summary_header("no header here") == "no header here"
+
+
+def test_an_overlong_transcript_keeps_the_newest_messages_and_says_what_it_left_out() -> None:
+    span = [{"role": "user", "content": f"message {i} " + "x" * 1000} for i in range(50)]
+    messages = build_request("p {budget}", span, "EARLIER", 300, max_chars=10_500)
+    text = messages[-1]["content"]
+    assert "EARLIER" in text, "the earlier summary is always kept"
+    assert "message 49 " in text and "message 40 " in text
+    assert "message 39 " not in text and "message 0 " not in text
+    assert "[40 older messages left out" in text
+    # Within the limit nothing is left out.
+    short = build_request("p {budget}", span[:3], None, 300, max_chars=10_500)
+    assert "left out" not in short[-1]["content"] and "message 0 " in short[-1]["content"]
