@@ -28,6 +28,7 @@ from starlette.routing import Route
 
 from . import admin
 from .errors import NotFound
+from .formatting import fmt_int, fmt_pct, fmt_usd
 from .messages import SUMMARY_PREFIX, text_of
 
 _STATIC = Path(__file__).parent / "static"
@@ -43,19 +44,6 @@ COOKIE_MAX_AGE = 7 * 86400
 
 def esc(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
-
-
-def fmt_int(value: Any) -> str:
-    return f"{int(value or 0):,}"
-
-
-def fmt_usd(value: Any) -> str:
-    amount = float(value or 0.0)
-    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.4f}"
-
-
-def fmt_pct(value: Any) -> str:
-    return f"{float(value or 0.0):.1f}%"
 
 
 def fmt_ts(ts: Any) -> str:

@@ -15,16 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 from . import admin
 from .config import Config
 from .errors import StoreError
+from .formatting import fmt_int, fmt_usd
 from .store import open_store
-
-
-def _int(value: Any) -> str:
-    return f"{int(value or 0):,}"
-
-
-def _usd(value: Any) -> str:
-    amount = float(value or 0.0)
-    return f"${amount:,.2f}" if amount >= 1 else f"${amount:.4f}"
 
 
 def _when(ts: Any) -> str:
@@ -67,21 +59,21 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
 def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], source: str) -> str:
     """The report printed by ``compaction-proxy stats``."""
     summary = [
-        ("requests", _int(totals["requests"])),
-        ("conversations", _int(totals.get("conversations"))),
-        ("original tokens", _int(totals["original_tokens"])),
-        ("forwarded tokens", _int(totals["forwarded_tokens"])),
-        ("tokens saved", f"{_int(totals['saved_tokens'])} ({totals['saved_pct']:.1f}%)"),
-        ("dollars saved", _usd(totals["saved_usd"])),
+        ("requests", fmt_int(totals["requests"])),
+        ("conversations", fmt_int(totals.get("conversations"))),
+        ("original tokens", fmt_int(totals["original_tokens"])),
+        ("forwarded tokens", fmt_int(totals["forwarded_tokens"])),
+        ("tokens saved", f"{fmt_int(totals['saved_tokens'])} ({totals['saved_pct']:.1f}%)"),
+        ("dollars saved", fmt_usd(totals["saved_usd"])),
         *(
-            [("net of cache and LLM costs", _usd(totals["net_saved_usd"]))]
+            [("net of cache and LLM costs", fmt_usd(totals["net_saved_usd"]))]
             if "net_saved_usd" in totals
             else []
         ),
-        ("compactions", _int(totals.get("compactions"))),
-        ("compaction failures", _int(totals.get("compaction_failures"))),
+        ("compactions", fmt_int(totals.get("compactions"))),
+        ("compaction failures", fmt_int(totals.get("compaction_failures"))),
         ("cache-hit rate", f"{100 * totals['cache_hit_rate']:.1f}%"),
-        ("upstream errors", _int(totals["errors"])),
+        ("upstream errors", fmt_int(totals["errors"])),
     ]
     label_width = max(len(k) for k, _ in summary)
     lines = [f"compaction-proxy stats ({source})", ""]
@@ -100,13 +92,13 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
             c["tenant"][:8],
             _clip(c["conversation"], 16),
             _clip(str(c.get("model") or "-"), 24),
-            _int(c["requests"]),
-            _int(c["original_tokens"]),
-            _int(c["forwarded_tokens"]),
-            _int(c["saved_tokens"]),
+            fmt_int(c["requests"]),
+            fmt_int(c["original_tokens"]),
+            fmt_int(c["forwarded_tokens"]),
+            fmt_int(c["saved_tokens"]),
             f"{c['saved_pct']:.1f}%",
-            _usd(c["saved_usd"]),
-            _int(c["compactions"]),
+            fmt_usd(c["saved_usd"]),
+            fmt_int(c["compactions"]),
             _when(c.get("last_seen")),
         ]
         for c in conversations
