@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +61,7 @@ class Prepared:
     credential: str | None
     original: list[Message]
     original_counts: list[int]
+    chain: list[bytes]  # prefix hashes of ``original``: chain[k] names its first k messages
     forwarded: list[Message]
     forwarded_counts: list[int]
     original_tokens: int
@@ -199,7 +200,15 @@ class Compactor:
             except StoreError as exc:
                 log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
         prepared = self._view(
-            messages, counts, model, tenant, credential, conversation, record, original_tokens
+            messages,
+            counts,
+            chain,
+            model,
+            tenant,
+            credential,
+            conversation,
+            record,
+            original_tokens,
         )
         prepared.summary_role = summary_role or self.settings.summary_role
         prepared.llm_model = llm_model or model
@@ -279,6 +288,7 @@ class Compactor:
         self,
         messages: list[Message],
         counts: list[int],
+        chain: list[bytes],
         model: str,
         tenant: str,
         credential: str | None,
@@ -303,6 +313,7 @@ class Compactor:
             credential=credential,
             original=messages,
             original_counts=counts,
+            chain=chain,
             forwarded=forwarded,
             forwarded_counts=fwd_counts,
             original_tokens=original_tokens,
@@ -319,6 +330,7 @@ class Compactor:
         updated = self._view(
             prepared.original,
             prepared.original_counts,
+            prepared.chain,
             prepared.model,
             prepared.tenant,
             prepared.credential,
@@ -346,10 +358,6 @@ class Compactor:
             self._save_stability(prepared)
         if prepared.decision.action == "background":
             self._spawn(loop.create_task(self.compact(prepared, inline=False)))
-
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run ``coro`` after the response, tracked so that ``drain`` waits for it."""
-        self._spawn(asyncio.get_running_loop().create_task(coro))
 
     def _spawn(self, task: asyncio.Task[Any]) -> None:
         self._tasks.add(task)
@@ -415,9 +423,8 @@ class Compactor:
             return await self._reuse(prepared)
         try:
             # Another worker may have stored a compaction between our lookup and the lock.
-            chain = prefix_chain(prepared.tenant, fingerprints(prepared.original))
             latest, _ = await self._io(
-                self._lookup_sync, prepared.tenant, prepared.conversation, chain
+                self._lookup_sync, prepared.tenant, prepared.conversation, prepared.chain
             )
             if latest is not None and latest != prepared.record:
                 return Outcome(latest.case, latest, "reused a compaction stored meanwhile")
@@ -430,10 +437,9 @@ class Compactor:
 
     async def _reuse(self, prepared: Prepared) -> Outcome:
         """After waiting for a concurrent compaction: its record, if it matches this history."""
-        chain = prefix_chain(prepared.tenant, fingerprints(prepared.original))
         try:
             record, _ = await self._io(
-                self._lookup_sync, prepared.tenant, prepared.conversation, chain
+                self._lookup_sync, prepared.tenant, prepared.conversation, prepared.chain
             )
         except StoreError:
             record = None
@@ -574,14 +580,15 @@ class Compactor:
             )
             kept, dropped, appended = report.kept, report.dropped, report.appended
             summary_msg = planner.summary_message(text, covered, prepared.summary_role)
-        after = list(fwd[:head_len]) + ([summary_msg] if summary_msg else []) + list(fwd[cut:])
-        tokens_after = sum(self.counter.count_messages(after, prepared.model)) + 3
+        counts = prepared.forwarded_counts
+        tokens_after = sum(counts[:head_len]) + sum(counts[cut:]) + 3
+        if summary_msg is not None:
+            tokens_after += self.counter.count_message(summary_msg, prepared.model)
         if tokens_after >= prepared.forwarded_tokens:
             return Outcome("none", None, "compaction would not reduce tokens")
-        chain = prefix_chain(prepared.tenant, fingerprints(prepared.original[:k]))
         record = CompactionRecord(
             k=k,
-            prefix_hash=chain[k].hex(),
+            prefix_hash=prepared.chain[k].hex(),
             head_len=head_len,
             summary=summary_msg,
             case=case,

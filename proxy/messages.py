@@ -93,10 +93,6 @@ def head_length(messages: Sequence[Message]) -> int:
     return n
 
 
-def user_turns(messages: Sequence[Message]) -> int:
-    return sum(1 for m in messages if m.get("role") == "user")
-
-
 def render(message: Message) -> str:
     """One message as prose: ``ROLE: text`` with tool calls and results spelled out.
 

@@ -51,10 +51,6 @@ from .validation import parse_json_object
 log = logging.getLogger("compaction_proxy.server")
 
 
-def error_body(message: str, type_: str, code: str | None) -> dict[str, Any]:
-    return openai_error(message, type_, code)
-
-
 def error_response(exc: ProxyError, path: str = "") -> JSONResponse:
     """The error in the shape the route's clients parse (Anthropic's on /v1/messages)."""
     shape = anthropic_error if path == ANTHROPIC_MESSAGES.path else openai_error
@@ -347,22 +343,22 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     if exc.status_code == 404:
         message = f"unknown route: {request.method} {request.url.path}"
         return JSONResponse(
-            error_body(message, "invalid_request_error", "not_found"), status_code=404
+            openai_error(message, "invalid_request_error", "not_found"), status_code=404
         )
     if exc.status_code == 405:
         message = f"method {request.method} not allowed on {request.url.path}"
         return JSONResponse(
-            error_body(message, "invalid_request_error", "method_not_allowed"), status_code=405
+            openai_error(message, "invalid_request_error", "method_not_allowed"), status_code=405
         )
     return JSONResponse(
-        error_body(str(exc.detail), "invalid_request_error", None), status_code=exc.status_code
+        openai_error(str(exc.detail), "invalid_request_error", None), status_code=exc.status_code
     )
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error", exc_info=exc)
     return JSONResponse(
-        error_body("internal proxy error", "server_error", "internal_error"), status_code=500
+        openai_error("internal proxy error", "server_error", "internal_error"), status_code=500
     )
 
 

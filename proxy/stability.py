@@ -169,13 +169,3 @@ def with_marks(messages: Sequence[Message], indices: Sequence[int]) -> list[Mess
             message["content"] = parts
         out[i] = message
     return out
-
-
-def count_marks(messages: Sequence[Message]) -> int:
-    n = 0
-    for m in messages:
-        content = m.get("content")
-        if isinstance(content, list):
-            n += sum(1 for p in content if isinstance(p, dict) and "cache_control" in p)
-        n += 1 if "cache_control" in m else 0
-    return n
