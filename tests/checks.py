@@ -10,6 +10,14 @@ from proxy.tokens import TokenCounter
 from tests.conversations import FACTS
 
 SUMMARY_PREFIX = "[History Summary - "
+# The compaction settings the process tests share: small enough that a 30-40 turn scripted
+# conversation compacts several times.
+LOW_TRIGGER: dict[str, Any] = {
+    "trigger_tokens": 4000,
+    "verbatim_window_tokens": 1200,
+    "summary_budget_tokens": 300,
+}
+INLINE = {**LOW_TRIGGER, "mode": "inline"}
 _counter = TokenCounter()
 
 

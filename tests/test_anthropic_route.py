@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from proxy.tokens import TokenCounter
-from tests.checks import assert_facts_present
+from tests.checks import INLINE, assert_facts_present
 from tests.conversations import tool_result, user_turns
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
@@ -107,7 +107,7 @@ def test_messages_route_compacts_a_tool_using_conversation(tmp_path: Path, strea
         with ProxyProcess(
             tmp_path,
             up.base_url,
-            compaction={"trigger_tokens": 4000, "verbatim_window_tokens": 1200, "mode": "inline"},
+            compaction=INLINE,
         ) as px:
             client = anthropic.Anthropic(base_url=px.root, api_key="sk-ant-test", max_retries=0)
             sent = _drive(client, 30, stream)

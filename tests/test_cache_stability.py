@@ -18,7 +18,7 @@ from proxy.settings import CompactionSettings
 from proxy.stability import StabilityState, TierThresholds
 from proxy.store import DiskStore
 from proxy.tokens import TokenCounter
-from tests.checks import assert_forwarded_faithful, summary_index
+from tests.checks import INLINE, assert_forwarded_faithful, summary_index
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
@@ -170,7 +170,7 @@ def test_anthropic_breakpoints_at_tier_ends_and_replaced_after_compaction(tmp_pa
         with ProxyProcess(
             tmp_path,
             up.base_url,
-            compaction={"trigger_tokens": 4000, "verbatim_window_tokens": 1200, "mode": "inline"},
+            compaction=INLINE,
         ) as px:
             sent = _drive(px, CLAUDE, 30)
             forwarded = [r.json["messages"] for r in up.chat_requests()]

@@ -40,6 +40,7 @@ from proxy.llm import LLMReply  # noqa: E402
 from proxy.settings import CompactionSettings  # noqa: E402
 from proxy.store import DiskStore  # noqa: E402
 from tests.checks import (  # noqa: E402
+    LOW_TRIGGER,
     assert_facts_present,
     assert_forwarded_faithful,
     assert_prefix_stable,
@@ -54,7 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_CONFIG = ROOT / "config" / "litellm.yaml"
 SYSTEM = "You are a careful coding assistant for the billing service."
 MODEL = "gpt-4o-mini"
-COMPACTION = {"trigger_tokens": 4000, "verbatim_window_tokens": 1200, "summary_budget_tokens": 300}
+COMPACTION = LOW_TRIGGER
 EMERGENCY_TOKENS = 8000  # trigger_tokens x the default emergency_factor 2.0
 START_TIMEOUT_S = 120.0
 

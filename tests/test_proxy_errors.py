@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.checks import assert_forwarded_faithful, summary_index, tokens
+from tests.checks import INLINE, assert_forwarded_faithful, summary_index, tokens
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess, free_port
 from tests.upstream import ScriptedUpstream
@@ -260,7 +260,7 @@ def test_detector_garbage_still_summarizes(upstream: ScriptedUpstream, tmp_path:
     with ProxyProcess(
         tmp_path,
         upstream.base_url,
-        compaction={"trigger_tokens": 4000, "verbatim_window_tokens": 1200, "mode": "inline"},
+        compaction=INLINE,
     ) as px:
         client = openai.OpenAI(base_url=px.base_url, api_key="k-garbage", max_retries=0)
         history = _long_history(client)

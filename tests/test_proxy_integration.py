@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from tests.checks import (
+    LOW_TRIGGER,
     assert_facts_present,
     assert_forwarded_faithful,
     assert_prefix_stable,
@@ -26,11 +27,7 @@ from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
 
 SYSTEM = "You are a careful coding assistant for the billing service."
-COMPACTION = {
-    "trigger_tokens": 4000,
-    "verbatim_window_tokens": 1200,
-    "summary_budget_tokens": 300,
-}
+COMPACTION = LOW_TRIGGER
 MODEL = "gpt-4o-mini"
 
 

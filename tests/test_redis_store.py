@@ -15,7 +15,7 @@ import pytest
 
 from proxy.errors import StoreError
 from proxy.store import RedisStore, get_list, open_store
-from tests.checks import assert_forwarded_faithful, summary_index
+from tests.checks import INLINE, assert_forwarded_faithful, summary_index
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess, free_port
 from tests.upstream import ScriptedUpstream
@@ -104,7 +104,7 @@ def test_unreachable_redis_is_a_store_error() -> None:
 
 def test_two_replicas_share_compactions_through_redis(redis_url: str, tmp_path: Path) -> None:
     """A compaction made by one replica is substituted by the other: one summary, one prefix."""
-    compaction = {"trigger_tokens": 4000, "verbatim_window_tokens": 1200, "mode": "inline"}
+    compaction = INLINE
     with ScriptedUpstream() as up:
         (tmp_path / "a").mkdir()
         (tmp_path / "b").mkdir()

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from proxy.tokens import TokenCounter
-from tests.checks import assert_facts_present
+from tests.checks import INLINE, assert_facts_present
 from tests.conversations import tool_result, user_turns
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
@@ -65,7 +65,7 @@ def test_responses_route_compacts_a_tool_using_conversation(tmp_path: Path, stre
         with ProxyProcess(
             tmp_path,
             up.base_url,
-            compaction={"trigger_tokens": 4000, "verbatim_window_tokens": 1200, "mode": "inline"},
+            compaction=INLINE,
         ) as px:
             client = openai.OpenAI(base_url=px.base_url, api_key="sk-resp", max_retries=0)
             sent = _drive(client, 30, stream)
