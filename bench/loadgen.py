@@ -2,13 +2,14 @@
 
     python -m bench.loadgen --port 4000 --body-file req.json --concurrency 16 \\
         [--path /v1/chat/completions] [--header 'authorization: Bearer sk-x'] \\
-        [--warmup 1] [--duration 4] [--max-requests 5000]
+        [--warmup 1] [--duration 4] [--max-requests 5000] [--min-requests 1]
 
 ``--concurrency`` workers, each with its own keep-alive connection, send the same POST body
 back to back (a new request as soon as the previous response has been read to its last
 byte, streamed or not). Requests started during ``--warmup`` seconds are not measured;
 measuring stops after ``--duration`` seconds or ``--max-requests`` measured requests,
-whichever comes first. Prints one JSON object: request count, errors, status counts,
+whichever comes first, but never before ``--min-requests`` measured requests have started:
+on a busy machine a short window could otherwise measure nothing and report no figure. Prints one JSON object: request count, errors, status counts,
 latency percentiles (ms), requests per second and the generator's own CPU seconds.
 
 It speaks raw HTTP/1.1 through ``httptools`` (uvloop when installed) rather than httpx: on a
@@ -78,6 +79,7 @@ class Run:
     measure_from: float
     measure_until: float
     max_requests: int
+    min_requests: int = 1
     started: int = 0
     errors: int = 0
     last_end: float = 0.0
@@ -100,7 +102,10 @@ async def worker(host: str, port: int, request: bytes, run: Run) -> None:
         while True:
             t0 = clock()
             measured = t0 >= run.measure_from
-            if t0 >= run.measure_until or (measured and run.started >= run.max_requests):
+            enough = run.started >= run.min_requests
+            if (t0 >= run.measure_until and enough) or (
+                measured and run.started >= run.max_requests
+            ):
                 return
             if measured:
                 run.started += 1
@@ -143,6 +148,7 @@ async def drive(args: argparse.Namespace) -> dict[str, object]:
         measure_from=start + args.warmup,
         measure_until=start + args.warmup + args.duration,
         max_requests=args.max_requests,
+        min_requests=max(0, min(args.min_requests, args.max_requests)),
     )
     cpu0 = time.process_time()
     await asyncio.gather(
@@ -183,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds not measured")
     parser.add_argument("--duration", type=float, default=4.0, help="seconds measured at most")
     parser.add_argument("--max-requests", type=int, default=10_000)
+    parser.add_argument(
+        "--min-requests", type=int, default=1, help="measured requests at least, however long"
+    )
     args = parser.parse_args(argv)
     try:
         from uvloop import run

@@ -329,6 +329,8 @@ def load(
         "--body-file", str(body_file), "--header", f"authorization: Bearer {key}",
         "--concurrency", str(concurrency), "--warmup", str(profile.warmup_s),
         "--duration", str(profile.duration_s), "--max-requests", str(profile.max_requests),
+        # Every cell gets figures, however busy the machine: at least a few requests a worker.
+        "--min-requests", str(concurrency * 3),
     ]  # fmt: skip
     limit = profile.warmup_s + profile.duration_s + 120
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=limit)
