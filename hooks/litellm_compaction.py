@@ -40,8 +40,10 @@ from litellm.integrations.custom_logger import CustomLogger
 from proxy import ledger
 from proxy.compactor import Compactor, Prepared, Prompts
 from proxy.config import ENV_VAR, Config, ConfigError, load_config, load_prompt, parse_config
+from proxy.controls import request_controls
 from proxy.errors import CompactionFailed, StoreError
 from proxy.fingerprint import tenant_id
+from proxy.headers import compaction_headers
 from proxy.llm import LLMReply, reply_from
 from proxy.logs import setup_logging
 from proxy.messages import Message
@@ -232,15 +234,6 @@ def _seconds(start: Any, end: Any) -> float:
         return 0.0
 
 
-def compaction_headers(prepared: Prepared) -> dict[str, str]:
-    return {
-        "x-compaction-case": prepared.case,
-        "x-compaction-original-tokens": str(prepared.original_tokens),
-        "x-compaction-forwarded-tokens": str(prepared.forwarded_tokens),
-        "x-compaction-conversation": prepared.conversation,
-    }
-
-
 @dataclass(frozen=True)
 class _Pending:
     """A prepared request waiting for its success or failure event."""
@@ -320,13 +313,22 @@ class CompactionHook(CustomLogger):
             if compactor is None:
                 return data
             headers = request_headers(data)
+            tenant = tenant_of(user_api_key_dict, headers)
+            controls = request_controls(
+                compactor.settings,
+                header=headers.get("x-compaction"),
+                tenant=tenant,
+                tenant_name=headers.get("x-compaction-tenant"),
+                model=model,
+                messages=messages,
+            )
             prepared = await compactor.prepare(
                 messages,
                 model=underlying_model(model),
                 llm_model=model,
-                tenant=tenant_of(user_api_key_dict, headers),
+                tenant=tenant,
                 conversation_header=headers.get("x-conversation-id"),
-                bypass=headers.get("x-compaction", "").strip().lower() == "off",
+                controls=controls,
             )
         except Exception:  # fail open: the request goes through as the client sent it
             log.exception("compaction hook failed; forwarding unchanged")

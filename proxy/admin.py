@@ -117,6 +117,22 @@ def _derive(totals: dict[str, Any]) -> dict[str, Any]:
         out["net_saved_usd"] = (
             out["counterfactual_usd"] - out.get("actual_usd", 0.0) - out.get("llm_usd", 0.0)
         )
+    shadow = out.get("shadow")
+    if isinstance(shadow, dict):
+        # Shadow mode: what compaction would have saved; its detector/summarizer calls were
+        # really made, so they are charged against it.
+        shadow = {k: v for k, v in shadow.items() if not k.startswith("last_")}
+        shadow.setdefault("saved_tokens", 0)
+        shadow["saved_pct"] = round(
+            100 * _ratio(shadow["saved_tokens"], shadow.get("original_tokens", 0)), 2
+        )
+        if "counterfactual_usd" in shadow:
+            shadow["net_saved_usd"] = (
+                shadow["counterfactual_usd"]
+                - shadow.get("actual_usd", 0.0)
+                - out.get("llm_usd", 0.0)
+            )
+        out["shadow"] = shadow
     return out
 
 
@@ -382,6 +398,7 @@ def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
     ]
     summary = _derive(meta)
     summary.update(compactions=len(compactions), failures=len(failures))
+    summary["paused"] = store.get(conv_key("pause", tenant, conv)) is not None
     return {
         "id": conversation_id(tenant, conv),
         "tenant": tenant,
@@ -406,6 +423,7 @@ def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
                     "completion_tokens",
                     "latency_s",
                     "overhead_s",
+                    "shadow",
                 )
             }  # fmt: skip
             for r in requests
@@ -491,6 +509,32 @@ async def api_forwarded(request: Request) -> Response:
     return JSONResponse(body, headers=_NO_STORE)
 
 
+def set_paused(store: Store, tenant: str, conv: str, paused: bool, ttl: float | None) -> None:
+    """Pause (or resume) compaction of one conversation: its requests then pass as sent."""
+    key = conv_key("pause", tenant, conv)
+    if paused:
+        store.set(key, time.time(), ttl)
+    else:
+        store.delete(key)
+
+    def mark(meta: Any) -> Any:
+        if isinstance(meta, dict):
+            meta["paused"] = paused
+        return meta
+
+    store.update(conv_key("conv", tenant, conv), mark, ttl)
+
+
+async def api_pause(request: Request) -> Response:
+    """``POST .../{id}/pause`` or ``.../{id}/resume``: the operator's per-conversation opt-out."""
+    store = _store(request)
+    tenant, conv = await _read(request, resolve, store, request.path_params["id"])
+    paused = request.url.path.endswith("/pause")
+    ttl = request.app.state.res.config.retention_s
+    await asyncio.to_thread(set_paused, store, tenant, conv, paused, ttl)
+    return JSONResponse({"id": conversation_id(tenant, conv), "paused": paused}, headers=_NO_STORE)
+
+
 async def metrics_endpoint(request: Request) -> Response:
     res = request.app.state.res
     if res.config.admin.protect_metrics:
@@ -508,6 +552,8 @@ def routes() -> list[Route]:
         Route("/metrics", metrics_endpoint, methods=["GET"]),
         Route("/admin/api/stats", api_stats, methods=["GET"]),
         Route(base, api_conversations, methods=["GET"]),
+        Route(base + "/{id:path}/pause", api_pause, methods=["POST"]),
+        Route(base + "/{id:path}/resume", api_pause, methods=["POST"]),
         Route(base + "/{id:path}/original", api_original, methods=["GET"]),
         Route(base + "/{id:path}/forwarded", api_forwarded, methods=["GET"]),
         Route(base + "/{id:path}", api_conversation, methods=["GET"]),

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import costs, detector, keyfacts, ledger, planner, stability, summarizer
+from .controls import Controls
+from .controls import sampled as _sampled
 from .errors import CompactionFailed, StoreError
 from .fingerprint import conversation_id, fingerprint, fingerprints, prefix_chain
 from .llm import LLM, LLMReply
@@ -77,11 +79,20 @@ class Prepared:
     # The name the detector and summarizer are called with (a LiteLLM model group, say),
     # when ``model`` is the underlying model used for token counts and prices.
     llm_model: str = ""
+    # Shadow mode: ``forwarded`` is what would have been forwarded; the client's request
+    # goes upstream exactly as sent.
+    shadow: bool = False
+    skipped: bool = False  # bypassed or opted out: never compacted, forwarded as sent
+
+    @property
+    def as_sent(self) -> bool:
+        """Whether the upstream must receive the client's request byte for byte."""
+        return self.shadow or self.skipped
 
     @property
     def changed(self) -> bool:
         """Whether the forwarded messages differ from what the client sent."""
-        return self.record is not None or self.marked
+        return not self.shadow and (self.record is not None or self.marked)
 
 
 @dataclass(frozen=True)
@@ -152,10 +163,11 @@ class Compactor:
 
     def _prepare_sync(
         self, tenant: str, conversation: str, chain: Sequence[bytes]
-    ) -> tuple[CompactionRecord | None, bool, StabilityState | None, Any]:
+    ) -> tuple[CompactionRecord | None, bool, bool, StabilityState | None, Any]:
         """Everything ``prepare`` reads from the store, in one hop off the event loop."""
         record, cooling = self._lookup_sync(tenant, conversation, chain)
-        return (record, cooling, *self._history_sync(tenant, conversation))
+        paused = self.store.get(conv_key("pause", tenant, conversation)) is not None
+        return (record, cooling, paused, *self._history_sync(tenant, conversation))
 
     def _history_sync(self, tenant: str, conversation: str) -> tuple[StabilityState | None, Any]:
         """The stability tracker (unless this worker holds the newest) and, for the cost
@@ -182,19 +194,27 @@ class Compactor:
         bypass: bool = False,
         summary_role: str | None = None,
         llm_model: str | None = None,
+        controls: Controls | None = None,
     ) -> Prepared:
-        """Identify, substitute, count and decide; compact inline when the decision says so."""
+        """Identify, substitute, count and decide; compact inline when the decision says so.
+
+        ``controls`` (see ``proxy.controls``) says whether the request may be compacted, only
+        measured (shadow) or must pass as sent; ``bypass`` is the short form of the latter.
+        """
+        if controls is None:
+            controls = Controls("bypassed by x-compaction: off", "off") if bypass else Controls()
+        bypass = controls.skip is not None
         fps = fingerprints(messages)
         chain = prefix_chain(tenant, fps)
         conversation = conversation_id(chain, messages, conversation_header)
         counts = self.counter.count_messages(messages, model, fps)
         original_tokens = sum(counts) + 3
-        record, cooling = None, False
+        record, cooling, paused = None, False, False
         tracker: StabilityState | None = None
         meta: Any = None
         if not bypass and self.settings.enabled:
             try:
-                record, cooling, tracker, meta = await self._read(
+                record, cooling, paused, tracker, meta = await self._read(
                     self._prepare_sync, tenant, conversation, chain
                 )
             except StoreError as exc:
@@ -212,6 +232,10 @@ class Compactor:
         )
         prepared.summary_role = summary_role or self.settings.summary_role
         prepared.llm_model = llm_model or model
+        prepared.shadow = controls.shadow
+        if paused and not bypass:
+            controls = Controls("compaction paused for this conversation", "opt-out")
+            bypass = True
         window = context_window(model)
         prepared.decision = planner.decide(
             prepared.forwarded_tokens,
@@ -220,10 +244,19 @@ class Compactor:
             bypass=bypass,
             cooling_down=cooling,
             pays=self._pays(prepared, meta),
+            shadow=controls.shadow,
+            skip_reason=controls.skip,
         )
+        if controls.shadow and not controls_sampled(conversation, self.settings):
+            prepared.decision = planner.Decision(
+                "forward", "shadow mode: conversation not sampled", use_llm=False
+            )
         if bypass:
-            prepared.case = "off"
+            prepared.case = controls.case
+            prepared.skipped = True
             return prepared
+        if controls.shadow:
+            return prepared  # measured only: no inline work, no cache marks
         if prepared.decision.action == "inline":
             prepared = await self._inline(prepared)
         if self.settings.enabled:
@@ -738,3 +771,8 @@ def _reply_usd(reply: LLMReply) -> float:
 
 def _head_len(prepared: Prepared) -> int:
     return prepared.record.head_len if prepared.record else head_length(prepared.original)
+
+
+def controls_sampled(conversation: str, settings: CompactionSettings) -> bool:
+    """Whether shadow mode runs this conversation's would-be compactions."""
+    return _sampled(conversation, settings.shadow_sample_rate)

@@ -98,6 +98,10 @@ def _expand(value: Any, where: str) -> Any:
 def _coerce(value: Any, annotation: Any, where: str) -> Any:
     """Check ``value`` against a resolved type hint (``int``, ``str | None``, ``Literal``)."""
     args = get_args(annotation)
+    if get_origin(annotation) is tuple:  # tuple[str, ...]: a YAML list of strings
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: must be a list of strings, not {value!r}")
+        return tuple(value)
     if get_origin(annotation) is Literal:
         if value not in args:
             raise ConfigError(f"{where}: must be one of {list(args)}, not {value!r}")
@@ -180,6 +184,8 @@ def _check(config: Config) -> None:
         raise ConfigError("compaction.emergency_factor: must be at least 1.0")
     if not 0.0 <= c.min_confidence <= 1.0:
         raise ConfigError("compaction.min_confidence: must be between 0 and 1")
+    if not 0.0 <= c.shadow_sample_rate <= 1.0:
+        raise ConfigError("compaction.shadow_sample_rate: must be between 0 and 1")
     if c.summary_budget_tokens < 16:
         raise ConfigError("compaction.summary_budget_tokens: must be at least 16")
     if not config.upstream.base_url.startswith(("http://", "https://")):

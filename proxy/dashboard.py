@@ -254,6 +254,43 @@ def overview_tiles(totals: dict[str, Any]) -> str:
     )  # fmt: skip
 
 
+def rollout_card(totals: dict[str, Any]) -> str:
+    """Shadow-mode figures and the requests that opt-outs or the clients' own compactions
+    kept unchanged; nothing when there are none."""
+    lines = []
+    shadow = totals.get("shadow")
+    if isinstance(shadow, dict) and shadow.get("requests"):
+        net = shadow.get("net_saved_usd")
+        net_text = (
+            f", {fmt_usd(net)} net of predicted cache misses and summary calls"
+            if (net is not None)
+            else ""
+        )
+        lines.append(
+            f"<p><b>Shadow mode</b>: {plural(shadow['requests'], 'request')} forwarded exactly "
+            f"as sent; compaction would have saved {fmt_int(shadow.get('saved_tokens'))} tokens "
+            f"({fmt_pct(shadow.get('saved_pct'))}){net_text}. The would-be compactions and "
+            "their loss reports are listed on each conversation's page.</p>"
+        )
+    if totals.get("opted_out"):
+        lines.append(
+            f"<p>{plural(totals['opted_out'], 'request')} opted out (configured "
+            "tenants or models, or paused conversations): forwarded as sent.</p>"
+        )
+    if totals.get("client_compactions"):
+        lines.append(
+            f"<p>{plural(totals['client_compactions'], 'client compaction')}: "
+            "the client summarized its own history; passed through untouched.</p>"
+        )
+    if not lines:
+        return ""
+    return (
+        '<section class="card" id="rollout" data-refresh><h2>Rollout</h2>'
+        + "".join(lines)
+        + "</section>"
+    )
+
+
 def usd_note(totals: dict[str, Any]) -> str:
     if "net_saved_usd" in totals:
         return f"{fmt_usd(totals['net_saved_usd'])} net of cache misses and compaction calls"
@@ -359,6 +396,7 @@ def overview_body(data: dict[str, Any], listing: dict[str, Any], params: dict[st
     return (
         "<h1>Tokens and money saved</h1>"
         + overview_tiles(totals)
+        + rollout_card(totals)
         + '<section class="card" id="hourly" data-refresh><div class="card-head">'
         + f"<h2>Original vs forwarded prompt tokens, last {CHART_HOURS} hours (UTC)</h2>"
         + legend()
@@ -584,7 +622,12 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
         f"<span>model <b>{esc(meta.get('model'))}</b></span>"
         f"<span>first seen <b>{esc(fmt_ts(meta.get('first_seen')))}</b></span>"
         f"<span>last seen <b>{esc(fmt_ts(meta.get('last_seen')))}</b></span>"
-        f'<span><a href="/admin/api/conversations/{esc(quote(detail["id"], safe=":"))}">'
+        + (
+            "<span><b>compaction paused</b> (requests pass as sent)</span>"
+            if meta.get("paused")
+            else ""
+        )
+        + f'<span><a href="/admin/api/conversations/{esc(quote(detail["id"], safe=":"))}">'
         "JSON</a></span></div>"
         + tiles
         + '<section class="card" id="per-request" data-refresh><div class="card-head">'

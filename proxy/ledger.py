@@ -44,6 +44,8 @@ class RequestEntry:
     latency_s: float
     overhead_s: float
     record: str | None = None  # prefix hash of the compaction in effect, if any
+    # Shadow mode: the upstream got the original; ``forwarded_*`` is what it would have got.
+    shadow: bool = False
 
     @classmethod
     def of(
@@ -77,16 +79,33 @@ class RequestEntry:
             latency_s=round(latency_s, 4),
             overhead_s=round(overhead_s, 6),
             record=prepared.record.prefix_hash if prepared.record else None,
+            shadow=prepared.shadow,
         )
 
     @property
     def saved_tokens(self) -> int:
+        """Tokens really saved (none in shadow mode: see ``would_save_tokens``)."""
+        return 0 if self.shadow else self.would_save_tokens
+
+    @property
+    def would_save_tokens(self) -> int:
         return max(self.original_tokens - self.forwarded_tokens, 0)
 
+    @property
+    def sent_tokens(self) -> int:
+        """What really went upstream (the original in shadow mode)."""
+        return self.original_tokens if self.shadow else self.forwarded_tokens
+
     def saved_usd(self) -> float:
-        info = model_info(self.model)
-        price = info.input_cost_per_token if info and info.input_cost_per_token else 0.0
-        return self.saved_tokens * price
+        return self.saved_tokens * _input_price(self.model)
+
+    def would_save_usd(self) -> float:
+        return self.would_save_tokens * _input_price(self.model)
+
+
+def _input_price(model: str) -> float:
+    info = model_info(model)
+    return info.input_cost_per_token if info and info.input_cost_per_token else 0.0
 
 
 def usage_numbers(usage: Any) -> tuple[int, int, int, int]:
@@ -131,9 +150,19 @@ def net_usd(meta: dict[str, Any]) -> float:
 def _add(totals: dict[str, Any], entry: RequestEntry) -> dict[str, Any]:
     totals["requests"] = totals.get("requests", 0) + 1
     totals["original_tokens"] = totals.get("original_tokens", 0) + entry.original_tokens
-    totals["forwarded_tokens"] = totals.get("forwarded_tokens", 0) + entry.forwarded_tokens
+    totals["forwarded_tokens"] = totals.get("forwarded_tokens", 0) + entry.sent_tokens
     totals["saved_tokens"] = totals.get("saved_tokens", 0) + entry.saved_tokens
     totals["saved_usd"] = totals.get("saved_usd", 0.0) + entry.saved_usd()
+    if entry.shadow:
+        shadow = totals.setdefault("shadow", {})
+        shadow["requests"] = shadow.get("requests", 0) + 1
+        shadow["original_tokens"] = shadow.get("original_tokens", 0) + entry.original_tokens
+        shadow["forwarded_tokens"] = shadow.get("forwarded_tokens", 0) + entry.forwarded_tokens
+        shadow["saved_tokens"] = shadow.get("saved_tokens", 0) + entry.would_save_tokens
+        shadow["saved_usd"] = shadow.get("saved_usd", 0.0) + entry.would_save_usd()
+    if entry.case in ("opt-out", "client-compaction"):
+        key = "client_compactions" if entry.case == "client-compaction" else "opted_out"
+        totals[key] = totals.get(key, 0) + 1
     totals["prompt_tokens"] = totals.get("prompt_tokens", 0) + entry.prompt_tokens
     totals["cached_tokens"] = totals.get("cached_tokens", 0) + entry.cached_tokens
     totals["cache_write_tokens"] = totals.get("cache_write_tokens", 0) + entry.cache_write_tokens
@@ -154,10 +183,15 @@ def record_request(
 
 
 def _conv_apply(
-    meta: Any, entry: RequestEntry, saving: list[costs.RequestSaving]
+    meta: Any,
+    entry: RequestEntry,
+    saving: list[costs.RequestSaving],
+    shadow_saving: list[costs.RequestSaving],
 ) -> dict[str, Any]:
     meta = meta if isinstance(meta, dict) else {"first_seen": entry.ts}
-    if entry.status < 400:
+    if entry.status < 400 and entry.shadow:
+        shadow_saving.append(_shadow_saving(meta, entry))
+    elif entry.status < 400:
         found = costs.request_saving(
             costs.prices_for(entry.model),
             original_tokens=entry.original_tokens,
@@ -185,6 +219,28 @@ def _conv_apply(
     return _add(meta, entry)
 
 
+def _shadow_saving(meta: dict[str, Any], entry: RequestEntry) -> costs.RequestSaving:
+    """What compaction would have saved on this request, net of the cache effects the cost
+    model predicts: the would-be prefix is read from cache while its compaction stays the
+    same, and misses once after each new one (the upstream's own cache figures describe the
+    original request, so they cannot be used)."""
+    shadow = meta.setdefault("shadow", {})
+    same = shadow.get("last_record") == entry.record
+    previous = shadow.get("last_forwarded_tokens", 0) if same else 0
+    found = costs.request_saving(
+        costs.prices_for(entry.model),
+        original_tokens=entry.original_tokens,
+        forwarded_tokens=entry.forwarded_tokens,
+        previous_original_tokens=meta.get("last_original_tokens", 0),
+        cached=min(costs.cacheable(previous), entry.forwarded_tokens),
+    )
+    _add_saving(shadow, found)  # the token sums are added with the others (``_add``)
+    shadow["last_record"] = entry.record
+    shadow["last_forwarded_tokens"] = entry.forwarded_tokens
+    meta["last_original_tokens"] = entry.original_tokens
+    return found
+
+
 def record_batch(
     store: Store,
     batch: list[tuple[RequestEntry, list[dict[str, Any]] | None]],
@@ -199,11 +255,12 @@ def record_batch(
     for entry, original in batch:
         by_conv.setdefault((entry.tenant, entry.conversation), []).append((entry, original))
     savings: list[costs.RequestSaving] = []
+    shadow_savings: list[costs.RequestSaving] = []
     for (tenant, conversation), items in by_conv.items():
 
         def conv_update(meta: Any, items: list[tuple[RequestEntry, Any]] = items) -> Any:
             for entry, _ in items:
-                meta = _conv_apply(meta, entry, savings)
+                meta = _conv_apply(meta, entry, savings, shadow_savings)
             return meta
 
         store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
@@ -223,6 +280,8 @@ def record_batch(
             totals = _add(totals, entry)
         for saving in savings:
             _add_saving(totals, saving)
+        for saving in shadow_savings:
+            _add_saving(totals.setdefault("shadow", {}), saving)
         return totals
 
     store.update(TOTALS_KEY, totals_update, None)

@@ -100,6 +100,12 @@ class Metrics:
             tokens,
             registry=r,
         )
+        self.shadow_saved_tokens = Counter(
+            f"{PREFIX}_shadow_saved_prompt_tokens",
+            "Shadow mode: prompt tokens compaction would have saved (nothing was changed).",
+            tokens,
+            registry=r,
+        )
         self.cached_tokens = Counter(
             f"{PREFIX}_cached_prompt_tokens",
             "Prompt tokens the upstream reported as read from its prompt cache.",
@@ -171,6 +177,8 @@ class Metrics:
         """
         try:
             case = prepared.case if prepared is not None else "error"
+            if prepared is not None and prepared.shadow:
+                case = "shadow"
             self.requests.labels(route, case, str(status)).inc()
             self.upstream_latency.labels(route).observe(max(latency - overhead, 0.0))
             self.overhead.labels(route).observe(max(overhead, 0.0))
@@ -181,6 +189,11 @@ class Metrics:
             if prepared is None:
                 return
             original, forwarded = prepared.original_tokens, prepared.forwarded_tokens
+            if prepared.shadow:
+                # The upstream got the original: the would-be saving is counted aside.
+                would = max(original - forwarded, 0)
+                self.shadow_saved_tokens.labels(route, model).inc(would)
+                forwarded = original
             saved = max(original - forwarded, 0)
             self.original_tokens.labels(route, model).inc(original)
             self.forwarded_tokens.labels(route, model).inc(forwarded)

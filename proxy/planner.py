@@ -43,10 +43,41 @@ def decide(
     bypass: bool = False,
     cooling_down: bool = False,
     pays: bool = True,
+    shadow: bool = False,
+    skip_reason: str | None = None,
 ) -> Decision:
-    """The one compaction decision, used by every route and by the hook."""
+    """The one compaction decision, used by every route and by the hook.
+
+    In shadow mode nothing is forwarded changed, so nothing is worth making the client wait
+    for: what would be inline work runs in the background.
+    """
     if bypass:
-        return Decision("forward", "bypassed by x-compaction: off", use_llm=False)
+        return Decision("forward", skip_reason or "bypassed by x-compaction: off", use_llm=False)
+    decision = _decide(
+        forwarded_tokens,
+        settings,
+        context_window=context_window,
+        cooling_down=cooling_down,
+        pays=pays,
+    )
+    if shadow and decision.action == "inline":
+        return Decision(
+            "background",
+            f"{decision.reason} (shadow mode)",
+            decision.use_llm,
+            decision.limit_tokens,
+        )
+    return decision
+
+
+def _decide(
+    forwarded_tokens: int,
+    settings: CompactionSettings,
+    *,
+    context_window: int | None,
+    cooling_down: bool,
+    pays: bool,
+) -> Decision:
     if not settings.enabled:
         return Decision("forward", "compaction disabled", use_llm=False)
     limit = hard_limit(settings, context_window)

@@ -24,6 +24,7 @@ from starlette.routing import Route
 from . import admin, dashboard, ledger  # admin, dashboard: the operators' view
 from .compactor import Compactor, Prepared, Prompts
 from .config import Config, load_prompt
+from .controls import request_controls
 from .errors import BadRequest, PayloadTooLarge, ProxyError
 from .fingerprint import tenant_id
 from .forward import (
@@ -33,6 +34,7 @@ from .forward import (
     response_headers,
     upstream_url,
 )
+from .headers import compaction_headers
 from .llm import HttpLLM
 from .metrics import Metrics
 from .sse import EventSplitter, event_json, is_usage_only
@@ -97,17 +99,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def compaction_headers(prepared: Prepared | None) -> dict[str, str]:
-    if prepared is None:
-        return {"x-compaction-case": "error"}
-    return {
-        "x-compaction-case": prepared.case,
-        "x-compaction-original-tokens": str(prepared.original_tokens),
-        "x-compaction-forwarded-tokens": str(prepared.forwarded_tokens),
-        "x-compaction-conversation": prepared.conversation,
-    }
-
-
 async def chat_completions(request: Request) -> Response:
     return await _serve(request, OPENAI_CHAT)
 
@@ -128,18 +119,27 @@ async def _serve(request: Request, surface: Surface) -> Response:
     body = parse_json_object(raw)
     surface.validate(body)
     credential = credential_of(request)
-    tenant = tenant_id(credential, request.headers.get("x-compaction-tenant"))
-    bypass = request.headers.get("x-compaction", "").strip().lower() == "off"
-    bypass = bypass or surface.stateful(body)
+    tenant_name = request.headers.get("x-compaction-tenant")
+    tenant = tenant_id(credential, tenant_name)
     prepared: Prepared | None
     try:
+        view = surface.to_view(body)
+        controls = request_controls(
+            res.config.compaction,
+            header=request.headers.get("x-compaction"),
+            tenant=tenant,
+            tenant_name=tenant_name,
+            model=body["model"],
+            messages=view,
+            stateful=surface.stateful(body),
+        )
         prepared = await res.compactor.prepare(
-            surface.to_view(body),
+            view,
             model=body["model"],
             tenant=tenant,
             credential=credential,
             conversation_header=request.headers.get("x-conversation-id"),
-            bypass=bypass,
+            controls=controls,
             summary_role=surface.summary_role,
         )
     except Exception:  # fail open: a compaction problem never fails the request
@@ -151,7 +151,9 @@ async def _serve(request: Request, surface: Surface) -> Response:
     if prepared is not None and prepared.changed:
         out = surface.from_view(body, prepared.forwarded)
     drop_usage = False
-    if stream and surface.stream_usage_option:
+    # Bypassed, opted-out and shadowed requests go upstream byte for byte as sent.
+    as_sent = prepared is not None and prepared.as_sent
+    if stream and surface.stream_usage_option and not as_sent:
         options = body.get("stream_options")
         if not (isinstance(options, dict) and options.get("include_usage")):
             # Ask for usage so the ledger sees it; the client did not, so it never sees it.

@@ -21,7 +21,8 @@ class CompactionSettings:
     summary_model: str | None = None
     summary_role: Literal["system", "user"] = "system"
     truncate_keeps_note: bool = True
-    mode: Literal["background", "inline"] = "background"
+    # shadow: plan and compact in the background, forward exactly what the client sent.
+    mode: Literal["background", "inline", "shadow"] = "background"
     policy: Literal["tokens", "cost"] = "tokens"
     cooldown_s: float = 300.0
     llm_timeout_s: float = 120.0
@@ -32,6 +33,13 @@ class CompactionSettings:
     tier_l1_requests: int = 1
     tier_l2_requests: int = 3
     tier_l3_requests: int = 10
+    # Shadow mode: the share of conversations whose would-be compactions are really run
+    # (their detector and summarizer calls cost money); the rest are only measured.
+    shadow_sample_rate: float = 1.0
+    # Opt-outs: requests of these tenants (the id the dashboard shows, or an
+    # x-compaction-tenant name) or models (shell-style globs) are forwarded exactly as sent.
+    opt_out_tenants: tuple[str, ...] = ()
+    opt_out_models: tuple[str, ...] = ()
 
     @property
     def emergency_tokens(self) -> int:

@@ -56,6 +56,28 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]
     return "\n".join([line(headers), rule, *(line(r) for r in rows)])
 
 
+def _rollout_lines(totals: dict[str, Any]) -> list[tuple[str, str]]:
+    """Shadow-mode figures and requests passed as sent by opt-outs or client compactions."""
+    lines = []
+    shadow = totals.get("shadow")
+    if isinstance(shadow, dict) and shadow.get("requests"):
+        lines.append(("shadow requests", fmt_int(shadow["requests"])))
+        lines.append(
+            (
+                "shadow: would save",
+                f"{fmt_int(shadow.get('saved_tokens'))} tokens "
+                f"({shadow.get('saved_pct', 0.0):.1f}%)",
+            )
+        )
+        if "net_saved_usd" in shadow:
+            lines.append(("shadow: would save net", fmt_usd(shadow["net_saved_usd"])))
+    if totals.get("opted_out"):
+        lines.append(("opted out (as sent)", fmt_int(totals["opted_out"])))
+    if totals.get("client_compactions"):
+        lines.append(("client compactions", fmt_int(totals["client_compactions"])))
+    return lines
+
+
 def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], source: str) -> str:
     """The report printed by ``compaction-proxy stats``."""
     summary = [
@@ -74,6 +96,7 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
         ("compaction failures", fmt_int(totals.get("compaction_failures"))),
         ("cache-hit rate", f"{100 * totals['cache_hit_rate']:.1f}%"),
         ("upstream errors", fmt_int(totals["errors"])),
+        *_rollout_lines(totals),
     ]
     label_width = max(len(k) for k, _ in summary)
     lines = [f"compaction-proxy stats ({source})", ""]
