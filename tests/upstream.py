@@ -164,6 +164,8 @@ class ScriptedUpstream:
         self.app = Starlette(routes=[
             Route("/v1/chat/completions", self._wrap(self._chat), methods=["POST"]),
             Route("/v1/messages", self._wrap(self._messages), methods=["POST"]),
+            Route("/v1/messages/count_tokens", self._wrap(self._count_tokens),
+                  methods=["POST"]),
             Route("/v1/responses", self._wrap(self._responses), methods=["POST"]),
             Route("/v1/models", self._wrap(self._models), methods=["GET"]),
             Route("/v1/embeddings", self._wrap(self._embeddings), methods=["POST"]),
@@ -341,6 +343,9 @@ class ScriptedUpstream:
                      for m in body["messages"]]
         reply = self.reply({"messages": as_openai})
         blocks: list[dict] = []
+        if reply.get("reasoning"):
+            blocks.append({"type": "thinking", "thinking": reply["reasoning"],
+                           "signature": opaque_blob(f"{len(self.requests)}:{reply['reasoning']}")})
         if reply.get("content"):
             blocks.append({"type": "text", "text": reply["content"]})
         for call in reply.get("tool_calls") or []:
@@ -364,6 +369,16 @@ class ScriptedUpstream:
             return JSONResponse(message)
         return StreamingResponse(_anthropic_sse(message), media_type="text/event-stream")
 
+    async def _count_tokens(self, request: Request, rec: Recorded) -> Response:
+        """Anthropic's /v1/messages/count_tokens (Claude Code asks it before large requests)."""
+        body = rec.json if isinstance(rec.json, dict) else {}
+        if not isinstance(body.get("messages"), list):
+            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
+                                 "message": "messages: Field required"}}, status_code=400)
+        counted = ([{"role": "system", "content": body["system"]}] if body.get("system")
+                   else []) + body["messages"]
+        return JSONResponse({"input_tokens": self.count_tokens(counted)})
+
     async def _responses(self, request: Request, rec: Recorded) -> Response:
         """OpenAI's Responses API, scripted like the chat route (same reply rules)."""
         body = rec.json
@@ -382,13 +397,16 @@ class ScriptedUpstream:
         reply = self.reply({"messages": as_chat})
         n = self._next_id()[-6:]
         output: list[dict] = []
+        if reply.get("reasoning"):
+            output.append(reasoning_item(n, reply["reasoning"], "reasoning.encrypted_content"
+                                         in (body.get("include") or [])))
         if reply.get("content"):
             output.append({"type": "message", "id": f"msg_{n}", "status": "completed",
                            "role": "assistant", "content": [
                                {"type": "output_text", "text": reply["content"],
                                 "annotations": []}]})
-        for call in reply.get("tool_calls") or []:
-            output.append({"type": "function_call", "id": f"fc_{n}", "call_id": call["id"],
+        for i, call in enumerate(reply.get("tool_calls") or []):
+            output.append({"type": "function_call", "id": f"fc_{n}_{i}", "call_id": call["id"],
                            "name": call["function"]["name"],
                            "arguments": call["function"]["arguments"], "status": "completed"})
         counted = ([{"role": "system", "content": body["instructions"]}]
@@ -409,16 +427,7 @@ class ScriptedUpstream:
         if not body.get("stream"):
             return JSONResponse(response)
 
-        async def events():
-            def event(data: dict) -> bytes:
-                return (b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data)
-                        + b"\n\n")
-            started = {**response, "status": "in_progress", "output": [], "usage": None}
-            yield event({"type": "response.created", "sequence_number": 0, "response": started})
-            yield event({"type": "response.completed", "sequence_number": 1,
-                         "response": response})
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(_responses_sse(response), media_type="text/event-stream")
 
     async def _models(self, request: Request, rec: Recorded) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -511,6 +520,17 @@ async def _anthropic_sse(message: dict):
                 yield event("content_block_delta", {"type": "content_block_delta", "index": i,
                                                     "delta": {"type": "text_delta",
                                                               "text": piece}})
+        elif block["type"] == "thinking":
+            yield event("content_block_start", {"type": "content_block_start", "index": i,
+                                                "content_block": {"type": "thinking",
+                                                                  "thinking": "",
+                                                                  "signature": ""}})
+            yield event("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                "delta": {"type": "thinking_delta",
+                                                          "thinking": block["thinking"]}})
+            yield event("content_block_delta", {"type": "content_block_delta", "index": i,
+                                                "delta": {"type": "signature_delta",
+                                                          "signature": block["signature"]}})
         else:
             yield event("content_block_start", {"type": "content_block_start", "index": i,
                                                 "content_block": {**block, "input": {}}})
@@ -524,6 +544,66 @@ async def _anthropic_sse(message: dict):
                                             "stop_sequence": None},
                                   "usage": {"output_tokens": usage["output_tokens"]}})
     yield event("message_stop", {"type": "message_stop"})
+
+
+def opaque_blob(text: str) -> str:
+    """Stands in for a provider's encrypted reasoning or thinking signature: opaque base64,
+    different for every response (as the providers' are), that always starts "gAAAAB"."""
+    digest = hashlib.sha256(text.encode()).digest()
+    return "gAAAAB" + base64.b64encode(digest * 8).decode()
+
+
+def reasoning_item(n: str, text: str, encrypted: bool) -> dict:
+    """A Responses API reasoning output item (the summary is what the user may see)."""
+    item = {"type": "reasoning", "id": f"rs_{n}", "summary": [
+        {"type": "summary_text", "text": text}]}
+    if encrypted:
+        item["encrypted_content"] = opaque_blob(f"{n}:{text}")
+    return item
+
+
+async def _responses_sse(response: dict):
+    """The Responses API's streaming events for a finished response, in the order OpenAI
+    sends them: clients such as Codex build their history from ``output_item.done``."""
+    seq = 0
+
+    def event(data: dict) -> bytes:
+        nonlocal seq
+        data = {"type": data["type"], "sequence_number": seq, **data}
+        seq += 1
+        return b"event: " + data["type"].encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+    started = {**response, "status": "in_progress", "output": [], "usage": None}
+    yield event({"type": "response.created", "response": started})
+    yield event({"type": "response.in_progress", "response": started})
+    for i, item in enumerate(response["output"]):
+        if item["type"] == "message":
+            yield event({"type": "response.output_item.added", "output_index": i,
+                         "item": {**item, "status": "in_progress", "content": []}})
+            for j, part in enumerate(item["content"]):
+                where = {"item_id": item["id"], "output_index": i, "content_index": j}
+                yield event({"type": "response.content_part.added", **where,
+                             "part": {**part, "text": ""}})
+                for piece in re.findall(r"\S+\s*|\s+", part["text"]):
+                    yield event({"type": "response.output_text.delta", **where,
+                                 "delta": piece, "logprobs": []})
+                yield event({"type": "response.output_text.done", **where,
+                             "text": part["text"], "logprobs": []})
+                yield event({"type": "response.content_part.done", **where, "part": part})
+        elif item["type"] == "function_call":
+            yield event({"type": "response.output_item.added", "output_index": i,
+                         "item": {**item, "status": "in_progress", "arguments": ""}})
+            yield event({"type": "response.function_call_arguments.delta",
+                         "item_id": item["id"], "output_index": i,
+                         "delta": item["arguments"]})
+            yield event({"type": "response.function_call_arguments.done",
+                         "item_id": item["id"], "output_index": i,
+                         "arguments": item["arguments"]})
+        else:
+            yield event({"type": "response.output_item.added", "output_index": i,
+                         "item": item})
+        yield event({"type": "response.output_item.done", "output_index": i, "item": item})
+    yield event({"type": "response.completed", "response": response})
 
 
 async def _sse(chunks: list[dict], delay: float):
