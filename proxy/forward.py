@@ -3,13 +3,17 @@ for the request path). Exceptions from the wire are mapped once, here, to our tr
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 
 import httpx
 
 from .config import Upstream
-from .errors import UpstreamTimeout, UpstreamUnavailable
+from .errors import BadRequest, UpstreamTimeout, UpstreamUnavailable
+
+log = logging.getLogger("compaction_proxy.forward")
 
 # RFC 9110 §7.6.1 hop-by-hop headers, plus ones httpx or the server recompute.
 HOP_BY_HOP = frozenset(
@@ -27,8 +31,18 @@ HOP_BY_HOP = frozenset(
         "content-length",
     }
 )
-# Our own request controls: they steer the proxy and are not the upstream's business.
-OWN_REQUEST_HEADERS = frozenset({"x-compaction", "x-conversation-id", "x-compaction-tenant"})
+# Our own request controls: they steer the proxy and are not the upstream's business. Any
+# ``x-compaction-*`` header goes too: ``x-compaction-purpose`` marks the proxy's own calls,
+# and a client must not be able to pass for them.
+OWN_REQUEST_HEADERS = frozenset({"x-compaction", "x-conversation-id"})
+OWN_PREFIX = "x-compaction-"
+# What a client says about itself or the path it came by: the upstream hears about the
+# proxy's hop from the proxy (if at all), never a client's claim; and the dashboard's session
+# cookie (or any other) is nobody's business upstream.
+CLIENT_CLAIMS = frozenset({"forwarded", "via", "cookie", "x-real-ip"})
+CLAIM_PREFIX = "x-forwarded-"
+# Every header a provider reads a key from: all replaced when a key is configured.
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
 
 
 def make_client(
@@ -47,32 +61,79 @@ def make_client(
 
 
 def upstream_url(base_url: str, path: str, query: str) -> str:
-    """Map ``/v1/<rest>`` on the proxy to ``<base_url>/<rest>`` upstream."""
+    """Map ``/v1/<rest>`` on the proxy to ``<base_url>/<rest>`` upstream.
+
+    ``path`` is the path as the client sent it (still percent-encoded, ASGI ``raw_path``):
+    a dot segment (``..``, ``%2e%2e``) or an encoded slash or backslash could climb out of
+    the base's path once the upstream decodes it, so those are refused with a 400, and the
+    final URL is checked to lie under the base.
+    """
     rest = path[3:] if path.startswith("/v1") else path
+    check_path(rest)
+    base = httpx.URL(base_url.rstrip("/"))
     url = base_url.rstrip("/") + rest
+    target = httpx.URL(url)
+    # httpx removes dot segments as it parses: whatever it sends must be exactly the base's
+    # path plus the client's, on the base's host.
+    expected = base.raw_path.rstrip(b"/") + rest.encode()
+    if target.raw_path != expected or target.netloc != base.netloc:
+        raise BadRequest("request path does not map to a path under the upstream base URL")
     return f"{url}?{query}" if query else url
 
 
+def check_path(path: str) -> None:
+    """Refuse a path that could mean another one upstream (``BadRequest``)."""
+    lower = path.lower()
+    if "%2f" in lower or "%5c" in lower or "\\" in path:
+        raise BadRequest("request path must not contain encoded slashes or backslashes")
+    for segment in lower.split("/"):
+        if segment.replace("%2e", ".") in (".", ".."):
+            raise BadRequest("request path must not contain dot segments ('.' or '..')")
+    if any(ord(c) < 0x21 or ord(c) > 0x7E for c in path):
+        raise BadRequest("request path must be percent-encoded ASCII")
+
+
 def request_headers(
-    client_headers: Iterable[tuple[str, str]],
+    client_headers: Iterable[tuple[bytes, bytes]],
     api_key: str | None,
     *,
     drop: frozenset[str] = frozenset(),
     key_header: str = "authorization",
-) -> dict[str, str]:
-    """The client's headers minus hop-by-hop and our own; the configured key if there is one,
-    as ``Authorization: Bearer`` or (Anthropic's API) ``x-api-key``."""
-    out: dict[str, str] = {}
-    for name, value in client_headers:
-        lower = name.lower()
-        if lower in HOP_BY_HOP or lower in OWN_REQUEST_HEADERS or lower in drop:
+) -> httpx.Headers:
+    """What goes upstream of the client's headers (ASGI raw bytes): not hop-by-hop ones or
+    those the ``Connection`` header names, not our own controls, not the client's claims
+    about its route or its cookies; with a configured key, none of the client's credentials
+    but the key, as ``Authorization: Bearer`` or (Anthropic's API) ``x-api-key``.
+
+    Values are relayed as the bytes the client sent: a header that is not ASCII is never
+    decoded and re-encoded (which is where a 500 came from).
+    """
+    pairs = [(name.lower(), value) for name, value in client_headers]
+    named = {
+        token.strip().decode("latin-1")
+        for name, value in pairs
+        if name == b"connection"
+        for token in value.lower().split(b",")
+    }
+    out: list[tuple[bytes, bytes]] = []
+    for raw_name, value in pairs:
+        name = raw_name.decode("latin-1")
+        if (
+            name in HOP_BY_HOP
+            or name in named
+            or name in OWN_REQUEST_HEADERS
+            or name.startswith(OWN_PREFIX)
+            or name in CLIENT_CLAIMS
+            or name.startswith(CLAIM_PREFIX)
+            or name in drop
+            or (api_key and name in CREDENTIAL_HEADERS)
+        ):
             continue
-        out[lower] = value
+        out.append((raw_name, value))
+    headers = httpx.Headers(out)
     if api_key:
-        out.pop("x-api-key", None)
-        out.pop("authorization", None)
-        out[key_header] = api_key if key_header == "x-api-key" else f"Bearer {api_key}"
-    return out
+        headers[key_header] = api_key if key_header == "x-api-key" else f"Bearer {api_key}"
+    return headers
 
 
 def response_headers(
@@ -85,10 +146,17 @@ def response_headers(
 
 
 @contextlib.asynccontextmanager
-async def mapped_errors() -> AsyncIterator[None]:
-    """Translate httpx's exceptions to ``UpstreamTimeout`` / ``UpstreamUnavailable``."""
+async def mapped_errors(deadline_s: float | None = None) -> AsyncIterator[None]:
+    """Translate httpx's exceptions to ``UpstreamTimeout`` / ``UpstreamUnavailable``.
+
+    ``deadline_s`` bounds the whole block (httpx's read timeout bounds each read only, so an
+    upstream dripping bytes would never time out a non-streaming request).
+    """
     try:
-        yield
+        async with asyncio.timeout(deadline_s):
+            yield
+    except TimeoutError as exc:
+        raise UpstreamTimeout(f"upstream did not answer within {deadline_s or 0:g} s") from exc
     except httpx.TimeoutException as exc:
         raise UpstreamTimeout(f"upstream timed out ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:

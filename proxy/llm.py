@@ -7,6 +7,7 @@ another provider (``anthropic/...``). It never raises anything but ``CompactionF
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Sequence
@@ -98,6 +99,22 @@ class HttpLLM:
         model: str,
         messages: Sequence[Message],
         *,
+        max_tokens: int,
+        purpose: str,
+        credential: str | None,
+    ) -> LLMReply:
+        """One completion within ``timeout_s`` overall: httpx's timeouts bound each read,
+        so a server dripping a byte at a time would otherwise hold the call for ever."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._complete(model, messages, max_tokens, purpose, credential)
+        except TimeoutError as exc:
+            raise CompactionFailed(f"{purpose} timed out after {self._timeout:g} s") from exc
+
+    async def _complete(
+        self,
+        model: str,
+        messages: Sequence[Message],
         max_tokens: int,
         purpose: str,
         credential: str | None,

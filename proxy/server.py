@@ -162,7 +162,7 @@ async def _serve(request: Request, surface: Surface) -> Response:
             drop_usage = True
     payload = raw if out is body else orjson.dumps(out)
     headers = request_headers(
-        request.headers.items(),
+        request.scope["headers"],
         res.config.upstream.api_key,
         drop=frozenset({"accept-encoding"}),
         key_header="x-api-key" if surface is ANTHROPIC_MESSAGES else "authorization",
@@ -174,7 +174,7 @@ async def _serve(request: Request, surface: Surface) -> Response:
     relay_headers = frozenset({"content-encoding"})
 
     if not stream:
-        async with mapped_errors():
+        async with mapped_errors(deadline_s=res.config.upstream.timeout_s):
             upstream = await res.client.post(url, content=payload, headers=headers)
         usage = None
         if upstream.status_code == 200:
@@ -301,12 +301,23 @@ def _finish(
     res.compactor.writer.record(entry, prepared.original)
 
 
+class BodyBroken(Exception):
+    """The upstream's body broke after the response started: the client's connection is
+    dropped rather than the body ended as if whole."""
+
+
+def raw_path(request: Request) -> str:
+    """The path as the client sent it, still percent-encoded (``/v1/%2e%2e`` stays so)."""
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
+
+
 async def passthrough(request: Request) -> Response:
     """Every other ``/v1/*`` path and method, relayed unchanged (bar hop-by-hop headers)."""
     res: Resources = request.app.state.res
     raw = await read_body(request, res.config.max_body_bytes)
-    url = upstream_url(res.config.upstream.base_url, request.url.path, request.url.query)
-    headers = request_headers(request.headers.items(), res.config.upstream.api_key)
+    url = upstream_url(res.config.upstream.base_url, raw_path(request), request.url.query)
+    headers = request_headers(request.scope["headers"], res.config.upstream.api_key)
     upstream_request = res.client.build_request(request.method, url, content=raw, headers=headers)
     async with mapped_errors():
         upstream = await res.client.send(upstream_request, stream=True)
@@ -317,12 +328,19 @@ async def passthrough(request: Request) -> Response:
                 yield chunk
         except httpx.HTTPError as exc:
             log.warning("upstream passthrough broke", extra={"error": type(exc).__name__})
+            # Ending the body normally would tell the client it got everything: raising
+            # makes the server drop the connection, which is what a broken upstream did.
+            raise BodyBroken from exc
         finally:
             await upstream.aclose()
 
-    return StreamingResponse(
-        body(), status_code=upstream.status_code, headers=response_headers(upstream.headers)
-    )
+    relayed = response_headers(upstream.headers)
+    length = upstream.headers.get("content-length")
+    if length is not None and length.isdigit():
+        # The raw bytes are relayed, so the upstream's length is ours; the client can tell
+        # a short body from a whole one.
+        relayed["content-length"] = length
+    return StreamingResponse(body(), status_code=upstream.status_code, headers=relayed)
 
 
 async def healthz(request: Request) -> Response:
@@ -358,7 +376,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    log.exception("unexpected error", exc_info=exc)
+    if not isinstance(exc, BodyBroken):  # already logged, and the response had started
+        log.exception("unexpected error", exc_info=exc)
     return JSONResponse(
         openai_error("internal proxy error", "server_error", "internal_error"), status_code=500
     )

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import orjson
+
+# The blank line that ends an event, with LF or CRLF line ends (or both mixed).
+_EVENT_END = re.compile(rb"\r\n\r\n|\n\n|\r\n\n|\n\r\n|\r\r")
 
 
 class EventSplitter:
     """Feed raw bytes, get back complete SSE events (each ending in a blank line).
 
-    Only an incomplete trailing event is held back, so the client sees every event as soon
-    as its last byte arrives.
+    Events keep their bytes exactly as sent (CRLF stays CRLF). Only an incomplete trailing
+    event is held back, so the client sees every event as soon as its last byte arrives.
     """
 
     def __init__(self) -> None:
@@ -19,15 +23,15 @@ class EventSplitter:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         data = self._buffer + chunk
-        data = data.replace(b"\r\n", b"\n")
         events = []
-        while True:
-            end = data.find(b"\n\n")
-            if end < 0:
+        start = 0
+        # A CR at the very end may be half of a CRLF: look at it again with the next bytes.
+        while (end := _EVENT_END.search(data, start)) is not None:
+            if end.group() == b"\r\r" and end.end() == len(data):
                 break
-            events.append(data[: end + 2])
-            data = data[end + 2 :]
-        self._buffer = data
+            events.append(data[start : end.end()])
+            start = end.end()
+        self._buffer = data[start:]
         return events
 
     def flush(self) -> bytes:
@@ -37,9 +41,7 @@ class EventSplitter:
 
 def event_json(event: bytes) -> Any:
     """The JSON payload of a ``data:`` event, or None (for ``[DONE]`` and non-JSON data)."""
-    payload = b"".join(
-        line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")
-    )
+    payload = b"".join(line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:"))
     if not payload or payload == b"[DONE]":
         return None
     try:

@@ -9,6 +9,9 @@ import orjson
 from .errors import BadRequest
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+# orjson writes at most 254 levels of arrays and objects; a body the proxy has to write back
+# (a compacted history, a stream asking for usage, the ledger's copy) must fit, with room.
+MAX_DEPTH = 200
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -21,7 +24,27 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
+    if not within_depth(body, MAX_DEPTH):
+        raise BadRequest(
+            f"request body is nested deeper than {MAX_DEPTH} levels of arrays and objects"
+        )
     return body
+
+
+def within_depth(value: Any, limit: int) -> bool:
+    """Whether no array or object in ``value`` lies more than ``limit`` levels deep."""
+    level: list[Any] = [value]
+    depth = 1
+    while level:
+        if depth > limit:
+            return False
+        below: list[Any] = []
+        for node in level:
+            children = node.values() if type(node) is dict else node
+            below.extend(c for c in children if type(c) is dict or type(c) is list)
+        level = below
+        depth += 1
+    return True
 
 
 def validate_chat(body: dict[str, Any]) -> None:
