@@ -7,14 +7,18 @@ way: the proxy's own token counts of the original and forwarded histories.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import costs
+from .errors import StoreError
 from .modelmap import model_info
 from .records import conv_key
 from .store import Store
+
+log = logging.getLogger("compaction_proxy.ledger")
 
 if TYPE_CHECKING:  # the compactor imports this module
     from .compactor import Prepared
@@ -263,16 +267,33 @@ def record_batch(
                 meta = _conv_apply(meta, entry, savings, shadow_savings)
             return meta
 
-        store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
-        store.extend(
-            conv_key("req", tenant, conversation),
-            [e.__dict__ | {"saved_tokens": e.saved_tokens} for e, _ in items],
-            retention_s,
-            500,
-        )
-        latest = next((o for _, o in reversed(items) if o is not None), None)
-        if latest is not None:
-            store.set(conv_key("orig", tenant, conversation), latest, retention_s)
+        try:
+            store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
+            store.extend(
+                conv_key("req", tenant, conversation),
+                [e.__dict__ | {"saved_tokens": e.saved_tokens} for e, _ in items],
+                retention_s,
+                500,
+            )
+        except StoreError:
+            raise
+        except Exception:  # one conversation's bad values never cost the others theirs
+            log.exception("ledger entry not written", extra={"conversation": conversation})
+        # The newest history that can be written (one nested too deep for the encoder is
+        # skipped, never the reason nothing is stored).
+        for _, original in reversed(items):
+            if original is None:
+                continue
+            try:
+                store.set(conv_key("orig", tenant, conversation), original, retention_s)
+                break
+            except StoreError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "original history not stored",
+                    extra={"conversation": conversation, "error": str(exc)},
+                )
 
     def totals_update(totals: Any) -> dict[str, Any]:
         totals = totals if isinstance(totals, dict) else {}

@@ -71,8 +71,15 @@ class BatchWriter:
         latest: dict[str, tuple[Any, float | None]],
     ) -> None:
         for key, (value, ttl) in latest.items():
-            self._store.set(key, value, ttl)
+            try:
+                self._store.set(key, value, ttl)
+            except StoreError:
+                raise
+            except Exception as exc:  # one value that cannot be written costs only itself
+                log.warning("state not stored", extra={"key": key, "error": str(exc)})
         if entries:
+            # record_batch writes each conversation on its own: an entry whose values cannot
+            # be written costs only its own conversation's rows, never the batch's others.
             ledger.record_batch(self._store, entries, self._retention)
 
     async def close(self) -> None:
