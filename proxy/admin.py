@@ -180,6 +180,9 @@ def stats(store: Store, hours: int = 48, now: float | None = None) -> dict[str, 
     totals["conversations"] = len(conversations)
     totals["tenants"] = len({c["tenant"] for c in conversations})
     totals["compaction_failures"] = sum(c["failures"] for c in conversations)
+    # The loss reports, summed: facts of replaced spans still forwarded, and facts lost.
+    totals["facts_kept"] = sum(int(e.get("facts_kept") or 0) for e in events)
+    totals["facts_dropped"] = sum(int(e.get("facts_dropped") or 0) for e in events)
     by_hour: dict[str, int] = {}
     for event in events:
         ts = event.get("ts")
@@ -333,14 +336,21 @@ def key_references(summary: str) -> list[str]:
     return [f for f in summary[at + len(KEY_REFERENCES) :].strip().split("; ") if f]
 
 
-def loss_report(summary: str | None, kept: list[str], dropped: list[str]) -> dict[str, Any]:
+def loss_report(
+    summary: str | None,
+    kept: list[str],
+    dropped: list[str],
+    elsewhere: list[str] | None = None,
+) -> dict[str, Any]:
     """Key facts of the replaced span: kept by the summary in its own words, appended to it as
-    key references, and dropped (found nowhere in the summary as forwarded)."""
+    key references, still in the rest of the forwarded context (head, pins, verbatim part),
+    and dropped (found nowhere in what was forwarded when the compaction was made)."""
     text = summary or ""
     appended = key_references(text)
     return {
         "facts_kept": kept,
         "facts_appended": appended,
+        "facts_elsewhere": list(elsewhere or []),
         "facts_dropped": [f for f in dropped if f not in text],
     }
 
@@ -369,7 +379,10 @@ def _compaction(store: Store, tenant: str, conv: str, event: dict[str, Any]) -> 
         "summary": text,
         "summary_role": summary.get("role") if isinstance(summary, dict) else None,
         **loss_report(
-            text, list(record.get("facts_kept") or []), list(record.get("facts_dropped") or [])
+            text,
+            list(record.get("facts_kept") or []),
+            list(record.get("facts_dropped") or []),
+            list(record.get("facts_elsewhere") or []),
         ),
         "record_available": bool(record),
         "prefix_hash": prefix_hash,
@@ -392,7 +405,13 @@ def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
         _compaction(store, tenant, conv, e) for e in events if e.get("case") in COMPACTION_CASES
     ]
     failures = [
-        {"ts": e.get("ts"), "case": e.get("case"), "error": e.get("error"), "model": e.get("model")}
+        {
+            "ts": e.get("ts"),
+            "case": e.get("case"),
+            "error": e.get("error"),
+            "soft": bool(e.get("soft")),
+            "model": e.get("model"),
+        }
         for e in events
         if e.get("case") in FAILURE_CASES
     ]

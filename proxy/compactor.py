@@ -17,13 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import costs, detector, keyfacts, ledger, planner, stability, summarizer
+from . import costs, detector, keyfacts, ledger, lossreport, planner, stability, summarizer
 from .controls import Controls
 from .controls import sampled as _sampled
 from .errors import CompactionFailed, StoreError
 from .fingerprint import conversation_id, fingerprint, fingerprints, prefix_chain
 from .llm import LLM, LLMReply
-from .messages import Message, head_length, transcript
+from .messages import Message, head_length
 from .modelmap import context_window, provider_family
 from .records import (
     MAX_CHECKPOINTS,
@@ -495,19 +495,23 @@ class Compactor:
             return Outcome("none", None, "cooling down")
         try:
             outcome = await self._llm_compaction(prepared, started)
-        except CompactionFailed as exc:
+        except (CompactionFailed, summarizer.SummaryRejected) as exc:
+            # A rejected summary is a soft failure (the next one may pass): a short cooldown.
+            # An unreachable or failing model is a hard one: the full cooldown.
+            soft = isinstance(exc, summarizer.SummaryRejected)
             log.warning(
                 "compaction failed",
-                extra={"conversation": prepared.conversation, "error": str(exc)},
+                extra={"conversation": prepared.conversation, "error": str(exc), "soft": soft},
             )
-            await self._cooldown(prepared)
-            self._event(prepared, {"case": "failed", "error": str(exc)[:300]})
+            await self._cooldown(prepared, soft=soft)
+            error = f"summary check failed: {exc}" if soft else str(exc)
+            self._event(prepared, {"case": "failed", "error": error[:300], "soft": soft})
             await self._flush_events(prepared)
-            return await self._fallback(prepared, f"compaction failed: {exc}")
+            return await self._fallback(prepared, f"compaction failed: {error}")
         if outcome.record is None:
             if outcome.reason != "nothing to cut":
-                # The LLMs ran and nothing came of it: do not pay for it again next request.
-                await self._cooldown(prepared)
+                # The LLMs ran and nothing came of it: do not pay for it again soon.
+                await self._cooldown(prepared, soft=True)
             return await self._fallback(prepared, outcome.reason)
         return await self._store(prepared, outcome)
 
@@ -532,7 +536,9 @@ class Compactor:
             )
             llm_tokens += reply.prompt_tokens + reply.completion_tokens
             llm_usd += _reply_usd(reply)
-            detection = detector.parse_detection(reply.text, len(window))
+            detection = detector.sane(
+                detector.parse_detection(reply.text, len(window)), offset, plan.body_start
+            )
         except CompactionFailed as exc:
             # The detector is an optimisation: without it we still summarize.
             self._event(prepared, {"case": "detector_failed", "error": str(exc)[:300]})
@@ -551,26 +557,42 @@ class Compactor:
                 )
                 if earlier:
                     text = f"{earlier.strip()}\n\n{text}"
-        else:
-            reply = await self.llm.complete(
-                s.summary_model or prepared.llm_model or prepared.model,
-                summarizer.build_request(
+            span_text = lossreport.facts_text(fwd[head_len:cut])
+            if not lossreport.note_keeps_all(
+                span_text,
+                text,
+                lossreport.facts_text([*fwd[:head_len], *fwd[cut:]]),
+                keyfacts.scaled_budget(s.key_references_max_chars, len(span_text)),
+            ):
+                # Truncation would lose facts the note cannot carry: summarize instead.
+                case, cut = "summarize", plan.verbatim_start
+        if case == "summarize":
+            spent = [0, 0.0]
+
+            async def complete(request: list[Message]) -> tuple[str | None, str | None]:
+                reply = await self.llm.complete(
+                    s.summary_model or prepared.llm_model or prepared.model,
+                    request,
+                    max_tokens=s.summary_budget_tokens,
+                    purpose="summarizer",
+                    credential=prepared.credential,
+                )
+                spent[0] += reply.prompt_tokens + reply.completion_tokens
+                spent[1] += _reply_usd(reply)
+                return reply.text, reply.finish_reason
+
+            try:
+                text = await summarizer.summarize(
+                    complete,
                     self.prompts.summarizer,
                     fwd[plan.body_start : cut],
                     earlier,
                     s.summary_budget_tokens,
                     _transcript_chars(s.summary_model or prepared.model),
-                ),
-                max_tokens=s.summary_budget_tokens,
-                purpose="summarizer",
-                credential=prepared.credential,
-            )
-            llm_tokens += reply.prompt_tokens + reply.completion_tokens
-            llm_usd += _reply_usd(reply)
-            try:
-                text = summarizer.accept(reply.text, reply.finish_reason)
-            except summarizer.SummaryRejected as exc:
-                raise CompactionFailed(str(exc)) from exc
+                )
+            finally:
+                llm_tokens += int(spent[0])
+                llm_usd += spent[1]
         return self._build(
             prepared,
             cut,
@@ -595,8 +617,12 @@ class Compactor:
         started: float,
         llm_tokens: int = 0,
         llm_usd: float = 0.0,
+        refs_scale: bool = True,
     ) -> Outcome:
-        """A record for cutting the forwarded list at ``cut``, if it saves tokens."""
+        """A record for cutting the forwarded list at ``cut``, if it saves tokens.
+
+        The ``Key references:`` budget grows with the span unless ``refs_scale`` is False (the
+        emergency path, whose note size is fixed in advance)."""
         fwd = prepared.forwarded
         head_len = _head_len(prepared)
         # forwarded[i] is original[i + shift] for every i past the head and summary.
@@ -604,15 +630,18 @@ class Compactor:
         k = cut + shift
         covered = k - head_len
         summary_msg = None
-        kept: tuple[str, ...] = ()
-        dropped: tuple[str, ...] = ()
-        appended: tuple[str, ...] = ()
+        span_text = lossreport.facts_text(fwd[head_len:cut])
+        rest_text = lossreport.facts_text([*fwd[:head_len], *fwd[cut:]])
         if text is not None:
-            text, report = keyfacts.guard(
-                transcript(fwd[head_len:cut]), text, self.settings.key_references_max_chars
-            )
-            kept, dropped, appended = report.kept, report.dropped, report.appended
+            budget = self.settings.key_references_max_chars
+            if refs_scale:
+                budget = keyfacts.scaled_budget(budget, len(span_text))
+            text, _ = keyfacts.guard(span_text, text, budget, elsewhere=rest_text)
             summary_msg = planner.summary_message(text, covered, prepared.summary_role)
+        # Against the forwarded text itself: the summary as stored and everything around it.
+        loss = lossreport.report(
+            span_text, None if summary_msg is None else str(summary_msg["content"]), rest_text
+        )
         counts = prepared.forwarded_counts
         tokens_after = sum(counts[:head_len]) + sum(counts[cut:]) + 3
         if summary_msg is not None:
@@ -631,9 +660,10 @@ class Compactor:
             tokens_after=tokens_after,
             boundary_reason=reason,
             confidence=confidence,
-            facts_kept=list(kept),
-            facts_dropped=list(dropped),
-            facts_appended=list(appended),
+            facts_kept=list(loss.kept),
+            facts_dropped=list(loss.dropped),
+            facts_appended=list(loss.appended),
+            facts_elsewhere=list(loss.elsewhere),
             duration_s=round(time.monotonic() - started, 4),
             model=prepared.model,
             llm_tokens=llm_tokens,
@@ -657,6 +687,7 @@ class Compactor:
             reason=reason,
             confidence=0.0,
             started=time.monotonic(),
+            refs_scale=False,
         )
         return outcome
 
@@ -702,6 +733,10 @@ class Compactor:
             "duration_s": record.duration_s,
             "llm_tokens": record.llm_tokens,
             "prefix_hash": record.prefix_hash,
+            "facts_kept": len(record.facts_kept)
+            + len(record.facts_appended)
+            + len(record.facts_elsewhere),
+            "facts_dropped": len(record.facts_dropped),
         }
         self._event(prepared, event)
         await self._flush_events(prepared)
@@ -723,13 +758,17 @@ class Compactor:
         except StoreError:
             return False
 
-    async def _cooldown(self, prepared: Prepared) -> None:
+    async def _cooldown(self, prepared: Prepared, *, soft: bool = False) -> None:
+        s = self.settings
+        seconds = min(s.soft_cooldown_s, s.cooldown_s) if soft else s.cooldown_s
+        if seconds <= 0:
+            return
         try:
             await self._io(
                 self.store.set,
                 conv_key("cool", prepared.tenant, prepared.conversation),
                 time.time(),
-                self.settings.cooldown_s,
+                seconds,
             )
         except StoreError:
             pass

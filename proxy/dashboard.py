@@ -414,8 +414,13 @@ def overview_body(data: dict[str, Any], listing: dict[str, Any], params: dict[st
 # ---- a conversation ----------------------------------------------------------------------
 
 
-def facts(kept: Sequence[str], appended: Sequence[str], dropped: Sequence[str]) -> str:
-    """The loss report: which key facts of the replaced span the forwarded summary keeps."""
+def facts(
+    kept: Sequence[str],
+    appended: Sequence[str],
+    dropped: Sequence[str],
+    elsewhere: Sequence[str] = (),
+) -> str:
+    """The loss report: where the key facts of the replaced span are in what is forwarded."""
 
     def group(cls: str, label: str, items: Sequence[str]) -> str:
         if not items:
@@ -426,13 +431,14 @@ def facts(kept: Sequence[str], appended: Sequence[str], dropped: Sequence[str]) 
     line = (
         '<div class="facts-line"><b>Loss report</b> <span class="mute">key facts of the replaced '
         f"span: {len(kept)} kept by the summary, {len(appended)} added as key references, "
-        f"{len(dropped)} dropped</span></div>"
+        f"{len(elsewhere)} still in the forwarded messages, {len(dropped)} dropped</span></div>"
     )
     nothing = '<div class="mute">Nothing dropped.</div>' if not dropped else ""
     return (
         line
         + group("kept", "Kept", kept)
         + group("appended", "Added as key references", appended)
+        + group("elsewhere", "Still in the forwarded messages", elsewhere)
         + group("dropped", "Dropped", dropped)
         + nothing
     )
@@ -463,14 +469,20 @@ def timeline(compactions: Sequence[dict[str, Any]], failures: Sequence[dict[str,
             f"<span>took <b>{float(c.get('duration_s') or 0):.2f} s</b></span>"
             f"<span>LLM tokens <b>{fmt_int(c.get('llm_tokens'))}</b></span></div>"
             + summary_html
-            + facts(c["facts_kept"], c["facts_appended"], c["facts_dropped"])
+            + facts(
+                c["facts_kept"],
+                c["facts_appended"],
+                c["facts_dropped"],
+                c.get("facts_elsewhere") or (),
+            )
             + "</li>"
         )
     for f in failures:
         items.append(
             f'<li class="failure">{badge(f.get("case"))} '
             f'<span class="mute">{esc(fmt_ts(f.get("ts")))}</span> '
-            f'<span class="error-text">{esc(f.get("error"))}</span></li>'
+            + (' <span class="mute">(soft: short cooldown)</span>' if f.get("soft") else "")
+            + f' <span class="error-text">{esc(f.get("error"))}</span></li>'
         )
     if not items:
         return '<p class="empty">No compactions yet.</p>'

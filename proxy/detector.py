@@ -16,6 +16,20 @@ from typing import Any
 from .messages import Message, render
 
 _FENCE_RE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.DOTALL)
+# "The topic is not a new one", "no topic change", "same task", "still on the same bug".
+_NO_NEW_TOPIC_RE = re.compile(
+    r"\b(?:no|not|isn't|n't|never|without)\s+(?:[\w-]+\s+){0,3}?"
+    r"(?:new|different|change[sd]?|switch(?:es|ed)?|shift(?:s|ed)?|boundary|break)\b"
+    r"|\bsame\s+(?:[\w-]+\s+)?(?:topic|task|subject|thread|work|problem|issue|bug|feature)\b"
+    r"|\b(?:still|continues|continuing|continuation of)\s+(?:on|with|the|to|working)\b",
+    re.IGNORECASE,
+)
+# A reason that hedges cannot carry a high confidence.
+_HEDGE_RE = re.compile(
+    r"\b(?:maybe|perhaps|possibly|might|may be|unclear|not sure|uncertain|hard to say|"
+    r"could be|probably not|slightly)\b",
+    re.IGNORECASE,
+)
 
 
 @dataclass(frozen=True)
@@ -124,3 +138,22 @@ def parse_detection(text: str | None, window_len: int) -> Detection:
         confidence=_as_confidence(obj.get("confidence")) if index is not None else 0.0,
         summary=summary.strip() if isinstance(summary, str) else "",
     )
+
+
+def sane(detection: Detection, offset: int, body_start: int) -> Detection:
+    """The detection, or "no boundary" when it contradicts itself.
+
+    A boundary at (or before) the first message of the body leaves nothing to set aside; a
+    reason saying there is no new topic, or a hedging reason with a high confidence, is no
+    evidence of a topic change whatever the index says.
+    """
+    if detection.boundary_index is None:
+        return detection
+    reason = detection.boundary_reason
+    if (
+        offset + detection.boundary_index <= body_start
+        or _NO_NEW_TOPIC_RE.search(reason)
+        or (detection.confidence >= 0.8 and _HEDGE_RE.search(reason))
+    ):
+        return Detection(None, reason, 0.0, detection.summary)
+    return detection

@@ -131,6 +131,20 @@ class Metrics:
             ["purpose"],
             registry=r,
         )
+        # The loss reports: key facts of replaced spans still in the forwarded context (the
+        # summary, its key references, pins or the verbatim part), and facts gone from it.
+        self.facts_kept = Counter(
+            f"{PREFIX}_facts_kept",
+            "Key facts of replaced spans that the forwarded context still holds.",
+            ["case"],
+            registry=r,
+        )
+        self.facts_dropped = Counter(
+            f"{PREFIX}_facts_dropped",
+            "Key facts of replaced spans that no longer appear in the forwarded context.",
+            ["case"],
+            registry=r,
+        )
         self.upstream_latency = Histogram(
             f"{PREFIX}_upstream_latency_seconds",
             "Time from forwarding to the end of the upstream response (streams included).",
@@ -150,6 +164,8 @@ class Metrics:
             self.compactions.labels(case)
             if case != "failed":
                 self.compaction_duration.labels(case)
+                self.facts_kept.labels(case)
+                self.facts_dropped.labels(case)
         for purpose in FAILURE_PURPOSES:
             self.failures.labels(purpose)
 
@@ -234,6 +250,18 @@ class Metrics:
             self.observe_compaction("failed", None, "summarizer")
         else:
             self.observe_compaction(case, duration_s)
+            self.observe_facts(case, event.get("facts_kept"), event.get("facts_dropped"))
+
+    def observe_facts(self, case: str, kept: Any, dropped: Any) -> None:
+        """One compaction's loss report, as counts."""
+        try:
+            if case in ("summarize", "truncate", "emergency"):
+                if isinstance(kept, int) and kept > 0:
+                    self.facts_kept.labels(case).inc(kept)
+                if isinstance(dropped, int) and dropped > 0:
+                    self.facts_dropped.labels(case).inc(dropped)
+        except Exception:
+            log.exception("metrics: observe_facts failed")
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type; all workers' sum in multiprocess mode."""

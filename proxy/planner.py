@@ -229,11 +229,20 @@ def choose_case(
     confidence: float,
     settings: CompactionSettings,
 ) -> tuple[Case, int]:
-    """Truncate at a confident topic boundary inside the verbatim window, else summarize."""
-    if boundary is not None and confidence >= settings.min_confidence:
-        cut = nearest_cut(boundary, plan.cuts, plan.body_start, plan.latest_cut)
-        if cut is not None and cut >= plan.verbatim_start:
-            return "truncate", cut
+    """Truncate at a confident topic boundary inside the verbatim window, else summarize.
+
+    The boundary itself is compared with the verbatim start, before it is moved to a legal
+    cut, and it only ever moves back (to the latest legal cut at or before it): a message the
+    detector placed in the new topic is never dropped.
+    """
+    if (
+        boundary is not None
+        and confidence >= settings.min_confidence
+        and boundary >= plan.verbatim_start
+    ):
+        legal = [c for c in plan.cuts if plan.body_start < c <= min(boundary, plan.latest_cut)]
+        if legal and legal[-1] >= plan.verbatim_start:
+            return "truncate", legal[-1]
     return "summarize", plan.verbatim_start
 
 

@@ -46,6 +46,7 @@ class CompactionRecord:
     facts_kept: list[str] = field(default_factory=list)
     facts_dropped: list[str] = field(default_factory=list)
     facts_appended: list[str] = field(default_factory=list)
+    facts_elsewhere: list[str] = field(default_factory=list)  # in the head, pins or verbatim
     duration_s: float = 0.0
     model: str = ""
     llm_tokens: int = 0

@@ -25,6 +25,7 @@ class CompactionSettings:
     mode: Literal["background", "inline", "shadow"] = "background"
     policy: Literal["tokens", "cost"] = "tokens"
     cooldown_s: float = 300.0
+    soft_cooldown_s: float = 30.0
     llm_timeout_s: float = 120.0
     detector_window_messages: int = 50
     detector_chars_per_message: int = 1000

@@ -94,6 +94,10 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
         ),
         ("compactions", fmt_int(totals.get("compactions"))),
         ("compaction failures", fmt_int(totals.get("compaction_failures"))),
+        (
+            "key facts kept / dropped",
+            f"{fmt_int(totals.get('facts_kept'))} / {fmt_int(totals.get('facts_dropped'))}",
+        ),
         ("cache-hit rate", f"{100 * totals['cache_hit_rate']:.1f}%"),
         ("upstream errors", fmt_int(totals["errors"])),
         *_rollout_lines(totals),

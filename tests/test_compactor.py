@@ -38,7 +38,11 @@ SETTINGS = CompactionSettings(
     cooldown_s=300,
 )
 NULL_DETECTION = '{"boundary_index": null, "boundary_reason": "", "confidence": 0, "summary": ""}'
-GOOD_SUMMARY = "Earlier the user and the assistant reviewed several modules; nothing is open."
+# On topic: the summary checks reject a summary whose words do not occur in the span.
+GOOD_SUMMARY = (
+    "Earlier the user and the assistant reviewed the parser, the invoice ledger and the retry "
+    "worker; the staging deploy branch is settled and nothing is open."
+)
 
 _WORDS = (
     "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november "
@@ -299,7 +303,9 @@ def store_events(c: Compactor, p: Prepared) -> list[dict[str, Any]]:
 
 
 async def test_later_compaction_folds_in_the_earlier_summary(make: MakeCompactor) -> None:
-    summaries = iter(["FIRST-SUMMARY: the parser work is done.", "SECOND-SUMMARY: all good."])
+    summaries = iter(
+        ["FIRST-SUMMARY: the parser work is done.", "SECOND-SUMMARY: the ledger retry is done."]
+    )
     llm = FakeLLM(summarizer=lambda _m: next(summaries))
     c = make(llm, mode="inline")
     msgs = conversation(14)
@@ -346,7 +352,8 @@ async def test_llm_requests_are_prose_without_tool_shapes(make: MakeCompactor) -
     assert summarizer.max_tokens == SETTINGS.summary_budget_tokens
     assert "called tool read_file(" in summarizer.user_text
     assert "TOOL RESULT (call_0_2):" in summarizer.user_text
-    assert "Summarize in 200 tokens." == summarizer.messages[0]["content"]
+    # Asked for less than its max_tokens, so that it usually ends by itself.
+    assert "Summarize in 150 tokens." == summarizer.messages[0]["content"]
 
 
 async def test_configured_models_are_used(make: MakeCompactor) -> None:
@@ -366,7 +373,8 @@ FAILURES = [
     pytest.param("", id="empty"),
     pytest.param("   \n  ", id="whitespace"),
     pytest.param("I'm sorry, but I can't help with that request.", id="refusal"),
-    pytest.param(LLMReply(GOOD_SUMMARY, "length", 100, 200, MODEL), id="finish-length"),
+    pytest.param(LLMReply("Earlier the user and", "length", 100, 200, MODEL), id="cut-early"),
+    pytest.param("The capital of France is Paris, famous for its museums.", id="off-topic"),
     pytest.param(LLMReply("", "tool_calls", 100, 20, MODEL), id="tool-call"),
 ]
 
@@ -505,12 +513,19 @@ async def test_confident_boundary_truncates_with_a_note(make: MakeCompactor) -> 
     assert sum(1 for m in p.forwarded[2:] if m["role"] == "user") == 2
     assert_well_formed(p)
 
+    # Without a note, only a span without key facts may be dropped ...
+    plain = conversation(14, tool_every=0)
     llm2 = FakeLLM(detector=detect)
     c2 = make(llm2, mode="inline", truncate_keeps_note=False)
-    p2 = await prepare(c2, msgs, tenant="other")
+    p2 = await prepare(c2, plain, tenant="other")
     assert p2.case == "truncate" and p2.record is not None and p2.record.summary is None
-    assert p2.forwarded[0] == msgs[0] and p2.forwarded[1]["role"] == "user"
+    assert p2.forwarded[0] == plain[0] and p2.forwarded[1]["role"] == "user"
     assert_well_formed(p2)
+    # ... one with paths (src/modN.py) is summarized instead: truncation would lose them.
+    p3 = await prepare(c2, msgs, tenant="third")
+    assert p3.case == "summarize" and p3.record is not None
+    assert "src/mod2.py" in p3.forwarded[1]["content"]
+    assert not p3.record.facts_dropped
 
 
 # ---- concurrency, tenants, edits -------------------------------------------------------------

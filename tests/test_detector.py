@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from proxy.detector import (
     detector_window,
     indexed_lines,
     parse_detection,
+    sane,
 )
 
 
@@ -227,3 +229,56 @@ def test_detector_window_takes_the_last_messages_after_the_body_start() -> None:
     assert offset == 50 and list(window) == msgs[50:]
     offset, window = detector_window(msgs[:30], 2, 50)
     assert offset == 2 and list(window) == msgs[2:30]
+
+
+# ---- sanity (#12) ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "The topic is not a new one",
+        "There is no topic change here",
+        "Same task as before",
+        "The user is still working on the same bug",
+    ],
+)
+def test_a_reason_saying_there_is_no_new_topic_means_no_boundary(reason: str) -> None:
+    d = sane(Detection(5, reason, 0.8, "s"), offset=10, body_start=1)
+    assert d.boundary_index is None and d.confidence == 0.0
+
+
+def test_the_issue_reply_truncates_nothing() -> None:
+    reply = (
+        '{"boundary_index": 1, "boundary_reason": "The topic is not a new one", "confidence": 0.8}'
+    )
+    d = sane(parse_detection(reply, 20), offset=1, body_start=1)
+    assert d.boundary_index is None
+
+
+def test_a_boundary_at_the_first_message_of_the_body_is_no_boundary() -> None:
+    d = Detection(0, "The user moved to writing docs", 0.9)
+    assert sane(d, offset=1, body_start=1).boundary_index is None
+    assert sane(d, offset=8, body_start=1).boundary_index == 0
+
+
+def test_a_hedging_reason_cannot_carry_a_high_confidence() -> None:
+    hedged = Detection(6, "Maybe the user changed topic", 0.9)
+    assert sane(hedged, offset=10, body_start=1).boundary_index is None
+    modest = Detection(6, "Maybe the user changed topic", 0.6)
+    assert sane(modest, offset=10, body_start=1).boundary_index == 6
+
+
+def test_a_clear_switch_is_kept() -> None:
+    for reason in [
+        "The user switched to a new task: writing the runbook",
+        "Not a continuation: a new task begins",
+    ]:
+        d = Detection(6, reason, 0.9)
+        assert sane(d, offset=10, body_start=1) == d
+
+
+def test_the_prompt_names_the_cues() -> None:
+    prompt = (Path(__file__).parents[1] / "proxy" / "prompts" / "detector.md").read_text()
+    for cue in ("switches task", "another file", "kind of work changes", "context reset", "middle"):
+        assert cue in prompt

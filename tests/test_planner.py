@@ -359,3 +359,12 @@ def test_decide_context_window_below_the_trigger_still_compacts() -> None:
     d = decide(900, S, context_window=800)
     assert d.action == "inline" and d.limit_tokens == 800 and "context window" in d.reason
     assert decide(700, S, context_window=800).action == "forward"
+
+
+def test_a_boundary_just_before_the_window_summarizes_rather_than_drop_new_topic(
+    plan: planner.CutPlan,
+) -> None:
+    # 12 is the assistant message before the window's first user turn (13): the detector
+    # placed it in the new topic, so truncating at 13 would drop part of the new topic.
+    s = CompactionSettings(min_confidence=0.5)
+    assert choose_case(plan, 12, 0.95, s) == ("summarize", 13)

@@ -25,9 +25,12 @@ def test_empty_or_whitespace_is_rejected(text: str | None) -> None:
         accept(text, "stop")
 
 
-def test_truncated_summary_is_rejected() -> None:
-    with pytest.raises(SummaryRejected, match="truncated"):
-        accept(GOOD, "length")
+def test_a_summary_cut_at_the_token_limit_keeps_its_complete_sentences() -> None:
+    cut = GOOD + " The next step is to deploy the fix to stag"
+    assert accept(cut, "length") == GOOD
+    assert accept(GOOD, "length") == GOOD
+    with pytest.raises(SummaryRejected, match="cut before one sentence"):
+        accept("The user is fixing parse_inv", "length")
 
 
 @pytest.mark.parametrize("reason", ["tool_calls", "function_call"])
