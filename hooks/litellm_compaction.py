@@ -269,7 +269,10 @@ class CompactionHook(CustomLogger):
             setup_logging(os.environ.get("COMPACTION_PROXY_LOG_LEVEL", "INFO"))
         config = self._config or hook_config()
         store = open_store(config.store.url)
-        prompts = Prompts(detector=load_prompt("detector"), summarizer=load_prompt("summarizer"))
+        prompts = Prompts(
+            detector=load_prompt("detector", config.compaction),
+            summarizer=load_prompt("summarizer", config.compaction),
+        )
         llm = LiteLLMRouterLLM(timeout_s=config.compaction.llm_timeout_s)
         log.info("compaction hook started", extra={"store": config.store.url.split("://")[0]})
         return Compactor(config.compaction, store, llm, prompts, retention_s=config.retention_s)

@@ -106,7 +106,8 @@ def _derive(totals: dict[str, Any]) -> dict[str, Any]:
     out = dict(totals)
     for key in (
         "requests", "original_tokens", "forwarded_tokens", "saved_tokens", "prompt_tokens",
-        "cached_tokens", "cache_write_tokens", "completion_tokens", "errors",
+        "cached_tokens", "cache_write_tokens", "completion_tokens", "errors", "cancelled",
+        "unpriced_requests",
     ):  # fmt: skip
         out.setdefault(key, 0)
     out.setdefault("saved_usd", 0.0)

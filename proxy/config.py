@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -157,21 +157,41 @@ _SECTIONS: dict[str, type] = {
 }
 
 
-def parse_config(raw: Any) -> Config:
-    """A ``Config`` from parsed YAML; raises ``ConfigError`` naming the first bad key."""
+def parse_config(raw: Any, overrides: dict[str, dict[str, Any]] | None = None) -> Config:
+    """A ``Config`` from parsed YAML; raises ``ConfigError`` naming the first bad key.
+
+    ``overrides`` (command-line flags, ``{"listen": {"port": 70000}}``) replace the file's
+    values before validation, so a flag gets exactly the checks and messages YAML gets.
+    """
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError("config: the top level must be a mapping")
     raw = _expand(raw, "config")
+    for name, values in (overrides or {}).items():
+        section = raw.get(name)
+        raw[name] = {**(section if isinstance(section, dict) else {}), **values}
     sections = {}
     for key, value in raw.items():
         if key not in _SECTIONS:
             raise ConfigError(f"{key}: unknown section (known: {', '.join(_SECTIONS)})")
         sections[key] = _section(_SECTIONS[key], value, key)
     config = Config(**sections)
+    compaction_raw = raw.get("compaction")
+    if "verbatim_window_tokens" not in (compaction_raw or {}):
+        config = replace(config, compaction=_scaled_window(config.compaction))
     _check(config)
     return config
+
+
+def _scaled_window(c: CompactionSettings) -> CompactionSettings:
+    """A trigger set below the default verbatim window (window not set): scale the window
+    down in the default proportion (4,000 of 24,000) instead of refusing the config."""
+    if 0 < c.trigger_tokens <= c.verbatim_window_tokens:
+        default = CompactionSettings()
+        ratio = default.verbatim_window_tokens / default.trigger_tokens
+        return replace(c, verbatim_window_tokens=max(1, int(c.trigger_tokens * ratio)))
+    return c
 
 
 def _check(config: Config) -> None:
@@ -179,7 +199,11 @@ def _check(config: Config) -> None:
     if c.trigger_tokens <= 0:
         raise ConfigError("compaction.trigger_tokens: must be positive")
     if c.verbatim_window_tokens >= c.trigger_tokens:
-        raise ConfigError("compaction.verbatim_window_tokens: must be below trigger_tokens")
+        raise ConfigError(
+            f"compaction.verbatim_window_tokens: must be below trigger_tokens "
+            f"(verbatim_window_tokens is {c.verbatim_window_tokens}, "
+            f"trigger_tokens is {c.trigger_tokens})"
+        )
     if c.emergency_factor < 1.0:
         raise ConfigError("compaction.emergency_factor: must be at least 1.0")
     if not 0.0 <= c.min_confidence <= 1.0:
@@ -188,6 +212,8 @@ def _check(config: Config) -> None:
         raise ConfigError("compaction.shadow_sample_rate: must be between 0 and 1")
     if c.summary_budget_tokens < 16:
         raise ConfigError("compaction.summary_budget_tokens: must be at least 16")
+    if c.summary_base_url and not c.summary_base_url.startswith(("http://", "https://")):
+        raise ConfigError("compaction.summary_base_url: must start with http:// or https://")
     if not config.upstream.base_url.startswith(("http://", "https://")):
         raise ConfigError("upstream.base_url: must start with http:// or https://")
     if config.limits.max_body_mb <= 0:
@@ -196,11 +222,18 @@ def _check(config: Config) -> None:
         raise ConfigError("listen.port: must be between 1 and 65535")
 
 
-def load_config(path: str | os.PathLike[str] | None = None) -> Config:
-    """Read ``path`` (or ``$COMPACTION_PROXY_CONFIG``); no file means all defaults."""
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> Config:
+    """Read ``path`` (or ``$COMPACTION_PROXY_CONFIG``); no file means all defaults.
+
+    Relative prompt paths (``compaction.detector_prompt`` / ``summarizer_prompt``) are taken
+    relative to the config file's folder, so the config works from any working directory.
+    """
     path = path or os.environ.get(ENV_VAR)
     if not path:
-        return parse_config({})
+        return parse_config({}, overrides)
     file = Path(path).expanduser()
     try:
         raw = yaml.safe_load(file.read_text())
@@ -208,9 +241,35 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
         raise ConfigError(f"config file not found: {file}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{file}: not valid YAML: {exc}") from exc
-    return parse_config(raw)
+    config = parse_config(raw, overrides)
+    prompts: dict[str, Any] = {}
+    for name in PROMPT_NAMES:
+        configured = getattr(config.compaction, f"{name}_prompt")
+        if configured and not Path(configured).expanduser().is_absolute():
+            prompts[f"{name}_prompt"] = str(file.resolve().parent / configured)
+    return replace(config, compaction=replace(config.compaction, **prompts)) if prompts else config
 
 
-def load_prompt(name: str) -> str:
-    """A packaged prompt (``config/prompts/NAME.md``, shipped inside the package)."""
-    return (Path(__file__).parent / "prompts" / f"{name}.md").read_text()
+PROMPT_NAMES = ("detector", "summarizer")
+PACKAGED_PROMPTS = Path(__file__).parent / "prompts"
+
+
+def prompt_path(name: str, settings: CompactionSettings | None = None) -> Path:
+    """Where prompt ``name`` is read from: ``compaction.<name>_prompt`` when set, else the
+    packaged ``proxy/prompts/<name>.md``."""
+    configured = getattr(settings, f"{name}_prompt", None) if settings else None
+    return Path(configured).expanduser() if configured else PACKAGED_PROMPTS / f"{name}.md"
+
+
+def load_prompt(name: str, settings: CompactionSettings | None = None) -> str:
+    """Prompt ``name``'s text; an unreadable or empty file is a ``ConfigError`` naming the key
+    (raised at start-up, never per request)."""
+    path = prompt_path(name, settings)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise ConfigError(f"compaction.{name}_prompt: cannot read {path}: {reason}") from exc
+    if not text.strip():
+        raise ConfigError(f"compaction.{name}_prompt: {path} is empty")
+    return text

@@ -28,7 +28,8 @@ from starlette.routing import Route
 
 from . import admin
 from .errors import NotFound
-from .formatting import fmt_int, fmt_pct, fmt_usd
+from .fingerprint import conversation_label
+from .formatting import fmt_int, fmt_pct, fmt_usd, fmt_usd_known
 from .messages import SUMMARY_PREFIX, text_of
 
 _STATIC = Path(__file__).parent / "static"
@@ -233,10 +234,7 @@ def overview_tiles(totals: dict[str, Any]) -> str:
             "saved-pct", "Saved", fmt_pct(totals["saved_pct"]), totals["saved_pct"],
             f"{fmt_int(totals['forwarded_tokens'])} forwarded",
         )
-        + tile(
-            "saved-usd", "Dollars saved", fmt_usd(totals["saved_usd"]), totals["saved_usd"],
-            usd_note(totals), accent=True,
-        )
+        + usd_tile(totals, usd_note(totals))
         + tile(
             "compactions", "Compactions", fmt_int(totals.get("compactions")),
             totals.get("compactions", 0), f"{fmt_int(totals.get('compaction_failures'))} failed",
@@ -248,7 +246,8 @@ def overview_tiles(totals: dict[str, Any]) -> str:
         + tile(
             "requests", "Requests", fmt_int(totals["requests"]), totals["requests"],
             f"{plural(totals.get('conversations'), 'conversation')}, "
-            f"{plural(totals['errors'], 'error')}",
+            f"{plural(totals['errors'], 'error')}"
+            + (f", {fmt_int(totals['cancelled'])} cancelled" if totals.get("cancelled") else ""),
         )
         + "</div>"
     )  # fmt: skip
@@ -291,6 +290,20 @@ def rollout_card(totals: dict[str, Any]) -> str:
     )
 
 
+def usd_tile(figures: dict[str, Any], note: str = "") -> str:
+    """Dollars saved; "n/a" (not a green $0) when no request had a model with a known price."""
+    text = fmt_usd_known(
+        figures["saved_usd"], figures.get("requests"), figures.get("unpriced_requests")
+    )
+    if text == "n/a":
+        note = "no price known for these models (LiteLLM's map)"
+        return tile("saved-usd", "Dollars saved", text, "n/a", note)
+    unpriced = int(figures.get("unpriced_requests") or 0)
+    if unpriced:
+        note = f"{note}; {plural(unpriced, 'request')} without a known price left out"
+    return tile("saved-usd", "Dollars saved", text, figures["saved_usd"], note, accent=True)
+
+
 def usd_note(totals: dict[str, Any]) -> str:
     if "net_saved_usd" in totals:
         return f"{fmt_usd(totals['net_saved_usd'])} net of cache misses and compaction calls"
@@ -313,6 +326,10 @@ _COLUMNS = [
     ("last_seen", "Last seen", "last_seen"),
 ]
 _TEXT_COLUMNS = {"conversation", "tenant", "model", "last_case", "last_seen"}
+
+
+def usd_cell(row: dict[str, Any]) -> str:
+    return esc(fmt_usd_known(row["saved_usd"], row.get("requests"), row.get("unpriced_requests")))
 
 
 def _query(params: dict[str, Any]) -> str:
@@ -338,16 +355,16 @@ def conversations_table(listing: dict[str, Any], params: dict[str, Any]) -> str:
         rows.append(
             "<tr>"
             f'<td><a class="mono conv-link" href="{esc(url)}">'
-            f"{esc(short(c['conversation'], 16))}</a></td>"
+            f"{esc(short(conversation_label(c['conversation']), 16))}</a></td>"
             f'<td class="mono" title="{esc(c["tenant"])}">{esc(short(c["tenant"], 8))}</td>'
-            f"<td>{esc(c.get('model'))}</td>"
+            f'<td class="model" title="{esc(c.get("model"))}">{esc(c.get("model"))}</td>'
             f'<td class="num">{fmt_int(c["requests"])}</td>'
             f'<td class="num">{fmt_int(c.get("messages"))}</td>'
             f'<td class="num">{fmt_int(c["original_tokens"])}</td>'
             f'<td class="num">{fmt_int(c["forwarded_tokens"])}</td>'
             f'<td class="num">{fmt_int(c["saved_tokens"])}</td>'
             f'<td class="num">{fmt_pct(c["saved_pct"])}</td>'
-            f'<td class="num">{fmt_usd(c["saved_usd"])}</td>'
+            f'<td class="num">{usd_cell(c)}</td>'
             f'<td class="num">{fmt_int(c["compactions"])}</td>'
             f"<td>{badge(c.get('last_case'))}</td>"
             f'<td class="mute" title="{esc(fmt_ts(c.get("last_seen")))}">'
@@ -619,8 +636,7 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
             f"of {fmt_int(meta['original_tokens'])} sent", accent=True,
         )
         + tile("saved-pct", "Saved", fmt_pct(meta["saved_pct"]), meta["saved_pct"])
-        + tile("saved-usd", "Dollars saved", fmt_usd(meta["saved_usd"]), meta["saved_usd"],
-               accent=True)
+        + usd_tile(meta)
         + tile("compactions", "Compactions", fmt_int(meta["compactions"]), meta["compactions"],
                f"{fmt_int(meta['failures'])} failed")
         + tile("cache-hit", "Cache-hit rate", fmt_pct(100 * meta["cache_hit_rate"]),
@@ -629,7 +645,7 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
     )  # fmt: skip
     return (
         f'<p class="mute"><a href="/dashboard">Overview</a> / conversation</p>'
-        f'<h1 class="mono">{esc(detail["conversation"])}</h1>'
+        f'<h1 class="mono">{esc(conversation_label(detail["conversation"]))}</h1>'
         f'<div class="kv"><span>tenant <b class="mono">{esc(detail["tenant"])}</b></span>'
         f"<span>model <b>{esc(meta.get('model'))}</b></span>"
         f"<span>first seen <b>{esc(fmt_ts(meta.get('first_seen')))}</b></span>"

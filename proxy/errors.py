@@ -9,6 +9,8 @@ class ProxyError(Exception):
     status = 500
     type = "server_error"
     code: str | None = "proxy_error"
+    # x-should-retry on our error responses; None: retry 5xx, never 4xx.
+    retry: bool | None = None
 
 
 class BadRequest(ProxyError):
@@ -54,6 +56,15 @@ class UpstreamUnavailable(UpstreamError):
     """The upstream refused the connection or the network failed."""
 
     code = "upstream_unavailable"
+
+
+class UpstreamUnreachable(UpstreamUnavailable):
+    """The upstream's host name does not resolve or its port refuses connections: the same
+    request fails the same way until the configuration or the upstream changes, so clients
+    are told not to retry (``x-should-retry: false``)."""
+
+    code = "upstream_unreachable"
+    retry = False
 
 
 class UpstreamTimeout(UpstreamError):

@@ -136,3 +136,9 @@ def conversation_id(
     idx = first_user_index(messages)
     k = len(messages) if idx is None else idx + 1
     return chain[k].hex()
+
+
+def conversation_label(conversation: str) -> str:
+    """A conversation id as the client knows it: its ``x-conversation-id`` as sent (without
+    the ``c:`` that keeps header ids apart from hash ids in the store), or the hash id."""
+    return conversation.removeprefix("c:")

@@ -11,7 +11,8 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 import httpx
 
 from .config import Upstream
-from .errors import BadRequest, UpstreamTimeout, UpstreamUnavailable
+from .errors import BadRequest, UpstreamTimeout, UpstreamUnavailable, UpstreamUnreachable
+from .reach import classify, safe_url
 
 log = logging.getLogger("compaction_proxy.forward")
 
@@ -147,7 +148,8 @@ def response_headers(
 
 @contextlib.asynccontextmanager
 async def mapped_errors(deadline_s: float | None = None) -> AsyncIterator[None]:
-    """Translate httpx's exceptions to ``UpstreamTimeout`` / ``UpstreamUnavailable``.
+    """Translate httpx's exceptions to ``UpstreamTimeout`` / ``UpstreamUnavailable`` /
+    ``UpstreamUnreachable``; each wire error names the upstream URL (without credentials).
 
     ``deadline_s`` bounds the whole block (httpx's read timeout bounds each read only, so an
     upstream dripping bytes would never time out a non-streaming request).
@@ -157,7 +159,19 @@ async def mapped_errors(deadline_s: float | None = None) -> AsyncIterator[None]:
             yield
     except TimeoutError as exc:
         raise UpstreamTimeout(f"upstream did not answer within {deadline_s or 0:g} s") from exc
-    except httpx.TimeoutException as exc:
-        raise UpstreamTimeout(f"upstream timed out ({type(exc).__name__})") from exc
     except httpx.HTTPError as exc:
-        raise UpstreamUnavailable(f"upstream unreachable ({type(exc).__name__})") from exc
+        url = _url_of(exc)
+        found = classify(exc, url)
+        if isinstance(exc, httpx.TimeoutException):
+            raise UpstreamTimeout(
+                f"upstream {safe_url(url)} timed out ({type(exc).__name__})"
+            ) from exc
+        kind = UpstreamUnreachable if found.permanent else UpstreamUnavailable
+        raise kind(f"upstream {safe_url(url)} unreachable: {found.reason}") from exc
+
+
+def _url_of(exc: httpx.HTTPError) -> str:
+    try:
+        return str(exc.request.url)
+    except RuntimeError:  # an error raised without a request attached
+        return "<unknown url>"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .fingerprint import conversation_label
+
 if TYPE_CHECKING:  # the compactor is not needed to read a prepared request
     from .compactor import Prepared
 
@@ -20,7 +22,7 @@ def compaction_headers(prepared: Prepared | None) -> dict[str, str]:
         "x-compaction-case": prepared.case,
         "x-compaction-original-tokens": str(prepared.original_tokens),
         "x-compaction-forwarded-tokens": str(prepared.forwarded_tokens),
-        "x-compaction-conversation": prepared.conversation,
+        "x-compaction-conversation": conversation_label(prepared.conversation),
     }
     if prepared.shadow:
         headers.update(

@@ -136,6 +136,7 @@ def usage_numbers(usage: Any) -> tuple[int, int, int, int]:
 
 
 _MAX_COMPACTIONS_TRACKED = 64
+CLIENT_CLOSED = 499  # the status a stream the client abandoned is recorded with
 
 
 def _add_saving(meta: dict[str, Any], saving: costs.RequestSaving) -> None:
@@ -171,8 +172,15 @@ def _add(totals: dict[str, Any], entry: RequestEntry) -> dict[str, Any]:
     totals["cached_tokens"] = totals.get("cached_tokens", 0) + entry.cached_tokens
     totals["cache_write_tokens"] = totals.get("cache_write_tokens", 0) + entry.cache_write_tokens
     totals["completion_tokens"] = totals.get("completion_tokens", 0) + entry.completion_tokens
-    if entry.status >= 400:
+    if entry.status == CLIENT_CLOSED:
+        # The client went away mid-stream (often on purpose: a user pressing stop); counted
+        # apart so "errors" means requests that failed.
+        totals["cancelled"] = totals.get("cancelled", 0) + 1
+    elif entry.status >= 400:
         totals["errors"] = totals.get("errors", 0) + 1
+    if not costs.prices_for(entry.model).known:
+        # Dollars for these requests are unknown, not zero: the dashboard says "n/a".
+        totals["unpriced_requests"] = totals.get("unpriced_requests", 0) + 1
     return totals
 
 

@@ -88,11 +88,15 @@ class HttpLLM:
         *,
         api_key: str | None = None,
         timeout_s: float = 120.0,
+        relay_credential: bool = True,
     ) -> None:
+        """``relay_credential=False``: never send the client's key (a separate compaction
+        endpoint must not receive keys meant for the upstream); only ``api_key``, if any."""
         self._client = client
         self._url = base_url.rstrip("/") + "/chat/completions"
         self._api_key = api_key
         self._timeout = timeout_s
+        self._relay_credential = relay_credential
 
     async def complete(
         self,
@@ -122,7 +126,7 @@ class HttpLLM:
         if _needs_litellm(model):
             return await _litellm_complete(model, messages, max_tokens, self._timeout)
         headers = {"content-type": "application/json", "x-compaction-purpose": purpose}
-        key = self._api_key or credential
+        key = self._api_key or (credential if self._relay_credential else None)
         if key:
             headers["authorization"] = key if key.lower().startswith("bearer ") else f"Bearer {key}"
         payload = {

@@ -19,7 +19,8 @@ from typing import Any
 
 logger = logging.getLogger("compaction_proxy.modelmap")
 
-_MAP_FILE = "model_prices_and_context_window_backup.json"
+MAP_FILE = "model_prices_and_context_window_backup.json"
+_MAP_FILE = MAP_FILE
 
 # A trailing release date: OpenAI style "-2024-08-06", Anthropic style "-20241022",
 # Vertex style "@20241022". Only stripped when the undated name is itself in the map.

@@ -56,7 +56,8 @@ log = logging.getLogger("compaction_proxy.server")
 def error_response(exc: ProxyError, path: str = "") -> JSONResponse:
     """The error in the shape the route's clients parse (Anthropic's on /v1/messages)."""
     shape = anthropic_error if path == ANTHROPIC_MESSAGES.path else openai_error
-    headers = {"x-should-retry": "true" if exc.status >= 500 else "false"}
+    retry = exc.retry if exc.retry is not None else exc.status >= 500
+    headers = {"x-should-retry": "true" if retry else "false"}
     return JSONResponse(
         shape(str(exc), exc.type, exc.code), status_code=exc.status, headers=headers
     )
@@ -383,6 +384,23 @@ async def _unexpected(request: Request, exc: Exception) -> Response:
     )
 
 
+def compaction_llm(config: Config, client: httpx.AsyncClient) -> HttpLLM:
+    """The detector/summarizer client: the upstream with the client's key, or
+    ``compaction.summary_base_url`` with ``summary_api_key`` only (never the client's key)."""
+    c = config.compaction
+    if c.summary_base_url:
+        return HttpLLM(
+            client,
+            c.summary_base_url,
+            api_key=c.summary_api_key,
+            timeout_s=c.llm_timeout_s,
+            relay_credential=False,
+        )
+    return HttpLLM(
+        client, config.upstream.base_url, api_key=config.upstream.api_key, timeout_s=c.llm_timeout_s
+    )
+
+
 def create_app(
     config: Config,
     *,
@@ -395,13 +413,11 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         client = make_client(config.upstream, transport)
         own_store = store or open_store(config.store.url)
-        llm = HttpLLM(
-            client,
-            config.upstream.base_url,
-            api_key=config.upstream.api_key,
-            timeout_s=config.compaction.llm_timeout_s,
+        llm = compaction_llm(config, client)
+        prompts = Prompts(
+            detector=load_prompt("detector", config.compaction),
+            summarizer=load_prompt("summarizer", config.compaction),
         )
-        prompts = Prompts(detector=load_prompt("detector"), summarizer=load_prompt("summarizer"))
         metrics = Metrics()  # per app: never the global registry
         compactor = Compactor(
             config.compaction,

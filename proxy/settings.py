@@ -41,6 +41,13 @@ class CompactionSettings:
     # x-compaction-tenant name) or models (shell-style globs) are forwarded exactly as sent.
     opt_out_tenants: tuple[str, ...] = ()
     opt_out_models: tuple[str, ...] = ()
+    # Prompt files; null: the packaged proxy/prompts/detector.md and summarizer.md.
+    detector_prompt: str | None = None
+    summarizer_prompt: str | None = None
+    # Another OpenAI-compatible endpoint for the detector/summarizer calls (e.g. a second
+    # llama.cpp server), with its own key; null: the upstream, with the client's key.
+    summary_base_url: str | None = None
+    summary_api_key: str | None = None
 
     @property
     def emergency_tokens(self) -> int:

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 from . import admin
 from .config import Config
 from .errors import StoreError
-from .formatting import fmt_int, fmt_usd
+from .formatting import fmt_int, fmt_usd_known
 from .store import open_store
 
 
@@ -86,9 +86,19 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
         ("original tokens", fmt_int(totals["original_tokens"])),
         ("forwarded tokens", fmt_int(totals["forwarded_tokens"])),
         ("tokens saved", f"{fmt_int(totals['saved_tokens'])} ({totals['saved_pct']:.1f}%)"),
-        ("dollars saved", fmt_usd(totals["saved_usd"])),
+        (
+            "dollars saved",
+            fmt_usd_known(totals["saved_usd"], totals["requests"], totals.get("unpriced_requests")),
+        ),
         *(
-            [("net of cache and LLM costs", fmt_usd(totals["net_saved_usd"]))]
+            [
+                (
+                    "net of cache and LLM costs",
+                    fmt_usd_known(
+                        totals["net_saved_usd"], totals["requests"], totals.get("unpriced_requests")
+                    ),
+                )
+            ]
             if "net_saved_usd" in totals
             else []
         ),
@@ -101,6 +111,7 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
         ("cache-hit rate", f"{100 * totals['cache_hit_rate']:.1f}%"),
         ("upstream errors", fmt_int(totals["errors"])),
         *_rollout_lines(totals),
+        ("cancelled by the client", fmt_int(totals.get("cancelled"))),
     ]
     label_width = max(len(k) for k, _ in summary)
     lines = [f"compaction-proxy stats ({source})", ""]
@@ -124,7 +135,7 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
             fmt_int(c["forwarded_tokens"]),
             fmt_int(c["saved_tokens"]),
             f"{c['saved_pct']:.1f}%",
-            fmt_usd(c["saved_usd"]),
+            fmt_usd_known(c["saved_usd"], c["requests"], c.get("unpriced_requests")),
             fmt_int(c["compactions"]),
             _when(c.get("last_seen")),
         ]

@@ -94,6 +94,12 @@ def _encoding(name: str) -> tiktoken.Encoding:
     return tiktoken.Encoding(**local_ctor())
 
 
+def encoding_by_name(name: str) -> tiktoken.Encoding:
+    """Encoding ``name`` built from LiteLLM's files (``FileNotFoundError`` if they are missing);
+    the start-up check calls it so a broken install fails once, not per request."""
+    return _encoding(name)
+
+
 def _is_openai_model(*names: str) -> bool:
     return any((info := model_info(n)) is not None and info.provider == "openai" for n in names)
 

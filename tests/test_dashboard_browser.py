@@ -165,3 +165,52 @@ def test_dashboard_auto_refreshes(proxy: ProxyProcess, browser: Any) -> None:
     assert tile_value(page, "requests") == before + len(sent)
     assert page.locator("#conversations tbody tr").count() == 2
     context.close()
+
+
+TABLES_FIT = """() => {
+  const wide = Array.from(document.querySelectorAll('table'))
+    .filter(t => t.scrollWidth > t.parentElement.clientWidth + 1)
+    .map(t => `${t.id}: ${t.scrollWidth} > ${t.parentElement.clientWidth}`);
+  if (document.documentElement.scrollWidth > window.innerWidth) wide.push('page');
+  return wide;
+}"""
+
+
+def test_tables_fit_a_1400_px_window(proxy: ProxyProcess, browser: Any) -> None:
+    context = browser.new_context(
+        viewport={"width": 1400, "height": 900},
+        extra_http_headers={"authorization": f"Bearer {TOKEN}"},
+    )
+    page = context.new_page()
+    page.goto(f"{proxy.root}/dashboard")
+    assert page.evaluate(TABLES_FIT) == []
+    page.click("#conversations a.conv-link")
+    page.wait_for_selector("#requests")
+    assert page.evaluate(TABLES_FIT) == []
+    context.close()
+
+
+def test_unknown_prices_show_n_a_not_zero_dollars(
+    tmp_path_factory: pytest.TempPathFactory, browser: Any
+) -> None:
+    tmp = tmp_path_factory.mktemp("unpriced")
+    with ScriptedUpstream() as upstream:
+        # A model LiteLLM's price map does not know (a local server's, with a long name).
+        model = "local/some-lab/a-rather-long-model-name-70b-instruct-q4_k_m.gguf"
+        with ProxyProcess(tmp, upstream.base_url, compaction=COMPACTION) as p:
+            sent, _ = run_conversation(p.base_url, "sk-unpriced", 4, model=model)
+            wait_for_requests(p.root, len(sent), token=None)
+            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            page = context.new_page()
+            page.goto(f"{p.root}/dashboard")
+            usd = page.locator("#tile-saved-usd")
+            assert usd.locator(".value").inner_text() == "n/a"
+            assert "accent" not in (usd.get_attribute("class") or "")
+            row = page.locator("#conversations tbody tr").first
+            assert "n/a" in row.inner_text() and "$" not in row.inner_text()
+            assert page.evaluate(TABLES_FIT) == []  # the long model name is cut, not the table
+            page.click("#conversations a.conv-link")
+            page.wait_for_selector("#requests")
+            assert page.locator("#tile-saved-usd .value").inner_text() == "n/a"
+            assert page.evaluate(TABLES_FIT) == []
+            context.close()

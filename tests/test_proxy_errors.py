@@ -123,9 +123,9 @@ def test_unreachable_upstream_is_a_502(tmp_path: Path) -> None:
     with ProxyProcess(tmp_path, f"http://127.0.0.1:{closed}/v1") as px:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
         error = _assert_openai_error(_chat(px, body), 502)
-        assert error["code"] == "upstream_unavailable"
+        assert error["code"] == "upstream_unreachable"  # connection refused: never retried
         r = httpx.get(f"{px.base_url}/models")
-        assert _assert_openai_error(r, 502)["code"] == "upstream_unavailable"
+        assert _assert_openai_error(r, 502)["code"] == "upstream_unreachable"
 
 
 def test_openai_client_sees_errors_as_typed_exceptions(proxy: ProxyProcess) -> None:
