@@ -19,6 +19,7 @@ import orjson
 
 from .errors import CompactionFailed
 from .messages import Message
+from .reach import classify, safe_url
 
 log = logging.getLogger("compaction_proxy.llm")
 
@@ -143,7 +144,10 @@ class HttpLLM:
         except httpx.TimeoutException as exc:
             raise CompactionFailed(f"{purpose} timed out") from exc
         except httpx.HTTPError as exc:
-            raise CompactionFailed(f"{purpose} unreachable: {type(exc).__name__}") from exc
+            reason = classify(exc, self._url).reason
+            raise CompactionFailed(
+                f"{purpose}: {safe_url(self._url)} unreachable: {reason}"
+            ) from exc
         if response.status_code != 200:
             raise CompactionFailed(f"{purpose} upstream status {response.status_code}")
         try:

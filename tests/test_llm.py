@@ -62,8 +62,12 @@ async def test_failures_become_compaction_failed(upstream: ScriptedUpstream, mod
 async def test_unreachable_upstream_is_compaction_failed() -> None:
     async with httpx.AsyncClient() as client:
         llm = HttpLLM(client, "http://127.0.0.1:9/v1", timeout_s=2)
-        with pytest.raises(CompactionFailed):
+        with pytest.raises(CompactionFailed) as raised:
             await llm.complete("m", MESSAGES, max_tokens=5, purpose="detector", credential=None)
+    # The log line says where and why, in words.
+    assert "http://127.0.0.1:9/v1/chat/completions unreachable: connection refused" in str(
+        raised.value
+    )
 
 
 def test_only_known_providers_go_through_litellm() -> None:
