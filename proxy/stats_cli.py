@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 from . import admin
 from .config import Config
 from .errors import StoreError
-from .formatting import fmt_int, fmt_usd_known
+from .formatting import fmt_int, fmt_usd, fmt_usd_known
 from .store import open_store
 
 
