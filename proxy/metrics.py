@@ -21,7 +21,14 @@ import logging
 import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest, values
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    values,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -159,6 +166,19 @@ class Metrics:
             buckets=_OVERHEAD_BUCKETS,
             registry=r,
         )
+        self.store_up = Gauge(
+            f"{PREFIX}_store_up",
+            "1 while the store answers reads and writes; 0 while it is unavailable (the proxy "
+            "then forwards uncompacted).",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.store_up.set(1)
+        self.store_failures = Counter(
+            f"{PREFIX}_store_failures",
+            "Times the store was found unavailable (unwritable, deleted, corrupt, unreachable).",
+            registry=r,
+        )
         # Known label values start at zero, so every series exists before its first event.
         for case in COMPACTION_CASES:
             self.compactions.labels(case)
@@ -262,6 +282,12 @@ class Metrics:
                     self.facts_dropped.labels(case).inc(dropped)
         except Exception:
             log.exception("metrics: observe_facts failed")
+
+    def observe_store(self, up: bool, changed: bool) -> None:
+        """The store's state after a check; ``changed`` when it just went down or up."""
+        self.store_up.set(1 if up else 0)
+        if changed and not up:
+            self.store_failures.inc()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type; all workers' sum in multiprocess mode."""

@@ -6,6 +6,7 @@ client, the store and the metrics registry, so building two apps in one process 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -21,11 +22,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from . import admin, dashboard, ledger  # admin, dashboard: the operators' view
+from . import admin, admintoken, dashboard, health, ledger  # admin, dashboard: the operators' view
 from .compactor import Compactor, Prepared, Prompts
 from .config import Config, load_prompt
 from .controls import request_controls
-from .errors import BadRequest, PayloadTooLarge, ProxyError
+from .errors import BadRequest, PayloadTooLarge, ProxyError, StoreError
 from .fingerprint import tenant_id
 from .forward import (
     make_client,
@@ -35,10 +36,11 @@ from .forward import (
     upstream_url,
 )
 from .headers import compaction_headers
+from .health import StoreHealth, open_store_or_degraded
 from .llm import HttpLLM
 from .metrics import Metrics
 from .sse import EventSplitter, event_json, is_usage_only
-from .store import Store, open_store
+from .store import Store
 from .surfaces import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
@@ -344,10 +346,6 @@ async def passthrough(request: Request) -> Response:
     return StreamingResponse(body(), status_code=upstream.status_code, headers=relayed)
 
 
-async def healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
 async def not_found(request: Request) -> Response:
     raise HTTPException(404)
 
@@ -357,6 +355,21 @@ async def _proxy_error(request: Request, exc: Exception) -> Response:
     if exc.status >= 500:
         log.warning("upstream failure", extra={"error": str(exc), "status": exc.status})
     return error_response(exc, request.url.path)
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    """The store failed under an operator's read (the request path fails open on its own)."""
+    log.error("store unavailable", extra={"error": str(exc), "path": request.url.path})
+    return JSONResponse(
+        openai_error(
+            "the proxy's store is unavailable; its data cannot be shown until it is fixed "
+            "(requests are still forwarded, uncompacted)",
+            "server_error",
+            "store_unavailable",
+        ),
+        status_code=503,
+        headers={"retry-after": "10"},
+    )
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -412,7 +425,9 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         client = make_client(config.upstream, transport)
-        own_store = store or open_store(config.store.url)
+        # Without a usable store the proxy still serves, uncompacted (proxy.health).
+        own_store = store or open_store_or_degraded(config.store.url)
+        effective = admintoken.resolve(config)  # operators' surfaces never open
         llm = compaction_llm(config, client)
         prompts = Prompts(
             detector=load_prompt("detector", config.compaction),
@@ -427,17 +442,21 @@ def create_app(
             retention_s=config.retention_s,
             on_event=metrics.observe_event,
         )
-        app.state.res = Resources(config, client, own_store, compactor, metrics)
+        app.state.res = Resources(effective, client, own_store, compactor, metrics)
+        app.state.health = StoreHealth(own_store, metrics.observe_store)
+        watcher = asyncio.get_running_loop().create_task(app.state.health.watch())
         try:
             yield
         finally:
+            watcher.cancel()
             await compactor.drain(timeout=30)
             await client.aclose()
             if store is None:
                 own_store.close()
 
     routes = [
-        Route("/healthz", healthz, methods=["GET"]),
+        Route("/healthz", health.healthz, methods=["GET"]),
+        Route("/readyz", health.readyz, methods=["GET"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/messages", anthropic_messages, methods=["POST"]),
         Route("/v1/responses", openai_responses, methods=["POST"]),
@@ -454,6 +473,7 @@ def create_app(
         lifespan=lifespan,
         exception_handlers={
             ProxyError: _proxy_error,
+            StoreError: _store_error,
             HTTPException: _http_error,
             Exception: _unexpected,
         },

@@ -58,14 +58,19 @@ class ProxyProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(
-        self, extra_args: list[str] | None = None, env: dict[str, str] | None = None
+        self,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        **popen: Any,
     ) -> ProxyProcess:
+        """Start and wait for ``/healthz``; ``popen`` goes to ``subprocess.Popen`` (``user``)."""
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             [cli_path(), "serve", "--config", str(self.config_path), *(extra_args or [])],
             stdout=log,
             stderr=subprocess.STDOUT,
             env={**os.environ, **(env or {})},
+            **popen,
         )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

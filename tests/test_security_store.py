@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from proxy import ledger
 from proxy.records import conv_key
 from proxy.store import DiskStore
 from proxy.writer import BatchWriter
+from tests.proxyproc import ProxyProcess
+from tests.rawupstream import RawUpstream
 
 
 def _entry(conversation: str, ts: float) -> ledger.RequestEntry:
@@ -59,3 +68,83 @@ def test_one_bad_entry_never_loses_the_others(tmp_path: Path) -> None:
     assert store.get(ledger.TOTALS_KEY)["requests"] == 3
     assert store.get("st:a") == {"ok": 1} and store.get("st:b") == {"ok": 2}
     store.close()
+
+
+# ---- store faults through a real proxy process -------------------------------------------
+
+ADMIN_TOKEN = "test-admin-token"
+AUTH = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _store_up(px: ProxyProcess) -> float:
+    text = httpx.get(f"{px.root}/metrics", headers=AUTH, timeout=10).text
+    line = next(x for x in text.splitlines() if x.startswith("compaction_proxy_store_up "))
+    return float(line.split()[1])
+
+
+@contextlib.contextmanager
+def read_only_dir(tmp: Path) -> Iterator[Path]:
+    """A store folder nobody may write in, not even its owner or root: an immutable folder
+    (``chattr +i``). Without that (an unprivileged run) a folder the user does not own."""
+    store = tmp / "ro-store"
+    store.mkdir()
+    if subprocess.run(["chattr", "+i", str(store)], capture_output=True).returncode != 0:
+        yield Path("/")
+        return
+    try:
+        yield store
+    finally:
+        subprocess.run(["chattr", "-i", str(store)], check=True)
+
+
+def test_a_read_only_store_does_not_stop_start_up(tmp_path: Path) -> None:
+    with RawUpstream() as upstream, read_only_dir(tmp_path) as store:
+        px = ProxyProcess(
+            tmp_path, upstream.url("/v1"), store={"url": f"diskcache://{store}"},
+            admin={"token": ADMIN_TOKEN},
+        )  # fmt: skip
+        with px:
+            health = httpx.get(f"{px.root}/healthz", timeout=10).json()
+            assert health["status"] == "degraded" and health["store"]
+            ready = httpx.get(f"{px.root}/readyz", timeout=10)
+            assert ready.status_code == 503 and ready.json()["status"] == "unavailable"
+            # Traffic still flows, uncompacted.
+            chat = httpx.post(f"{px.base_url}/chat/completions", json=CHAT, timeout=20)
+            assert chat.status_code == 200, chat.text
+            # The operator's API says what is wrong, in the API's shape.
+            stats = httpx.get(f"{px.root}/admin/api/stats", headers=AUTH, timeout=10)
+            assert stats.status_code == 503, stats.text
+            assert stats.json()["error"]["code"] == "store_unavailable"
+            assert _store_up(px) == 0
+            assert "store cannot be opened" in px.logs()
+
+
+def test_a_store_deleted_while_running_is_reported(tmp_path: Path) -> None:
+    with RawUpstream() as upstream:
+        with ProxyProcess(tmp_path, upstream.url("/v1"), admin={"token": ADMIN_TOKEN}) as px:
+            assert httpx.post(f"{px.base_url}/chat/completions", json=CHAT).status_code == 200
+            assert httpx.get(f"{px.root}/readyz").status_code == 200
+            assert _store_up(px) == 1
+            shutil.rmtree(tmp_path / "store")
+            ready = httpx.get(f"{px.root}/readyz", timeout=10)
+            assert ready.status_code == 503 and "gone" in ready.json()["store"]
+            assert httpx.get(f"{px.root}/healthz").json()["status"] == "degraded"
+            assert _store_up(px) == 0
+            assert "store unavailable" in px.logs()
+            # Requests still go through.
+            assert httpx.post(f"{px.base_url}/chat/completions", json=CHAT).status_code == 200
+
+
+def test_the_admin_api_answers_503_while_the_store_is_corrupt(tmp_path: Path) -> None:
+    with RawUpstream() as upstream:
+        with ProxyProcess(tmp_path, upstream.url("/v1"), admin={"token": ADMIN_TOKEN}) as px:
+            assert httpx.post(f"{px.base_url}/chat/completions", json=CHAT).status_code == 200
+            assert httpx.get(f"{px.root}/admin/api/stats", headers=AUTH).status_code == 200
+            for name in os.listdir(tmp_path / "store"):
+                if name.startswith("cache.db"):
+                    (tmp_path / "store" / name).write_bytes(b"not a database " * 4096)
+            r = httpx.get(f"{px.root}/admin/api/conversations", headers=AUTH, timeout=10)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "store_unavailable"
+            assert httpx.post(f"{px.base_url}/chat/completions", json=CHAT).status_code == 200
