@@ -8,10 +8,11 @@ run them in a thread) and are shared with the dashboard and ``compaction-proxy s
 A conversation's id here is ``{tenant}:{conversation}`` (the tenant is a hash of the client's
 credential, never the key); a bare conversation id is looked up across tenants.
 
-When ``admin.token`` is set, the API and the dashboard require it, as
-``Authorization: Bearer <token>`` or the HttpOnly cookie the dashboard's login form sets;
-``/metrics`` too when ``admin.protect_metrics`` is true. Without it they are open: bind the
-proxy to a private address.
+The API and the dashboard always require the admin token (``admin.token``, or the one
+``proxy.admintoken`` generates on first start), as ``Authorization: Bearer <token>`` or the
+HttpOnly cookie the dashboard's login form sets; ``/metrics`` too unless
+``admin.protect_metrics`` is false. A client's API key never opens them: the operator sees
+every tenant, so no tenant does.
 """
 
 from __future__ import annotations

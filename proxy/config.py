@@ -53,7 +53,7 @@ class Limits:
 @dataclass(frozen=True)
 class Admin:
     token: str | None = None
-    protect_metrics: bool = False
+    protect_metrics: bool = True
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def exposed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
         }
         return httpx.Response(200, json=body)
 
-    config = parse_config({"store": {"url": f"diskcache://{tmp}"}})
+    config = parse_config({"store": {"url": f"diskcache://{tmp}"}, "admin": {"token": "t0ken"}})
     app = create_app(config, transport=httpx.MockTransport(upstream), store=DiskStore(tmp))
     with TestClient(app) as client:
         for i in range(3):
@@ -93,7 +93,7 @@ def exposed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
                 json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"hi {i}"}]},
             )
             assert r.status_code == 200
-        text = client.get("/metrics").text
+        text = client.get("/metrics", headers={"authorization": "Bearer t0ken"}).text
     names: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:

@@ -396,14 +396,14 @@ def test_stats_cli_on_an_empty_store(tmp_path: Path) -> None:
 
 
 def test_two_apps_in_one_process_each_have_their_own_registry(tmp_path: Path) -> None:
-    config = parse_config({"store": {"url": f"diskcache://{tmp_path}"}})
+    config = parse_config({"store": {"url": f"diskcache://{tmp_path}"}, "admin": {"token": TOKEN}})
     transport = httpx.MockTransport(lambda request: httpx.Response(500))
     apps = [
         create_app(config, transport=transport, store=DiskStore(tmp_path / str(i))) for i in (1, 2)
     ]
     with TestClient(apps[0]) as first, TestClient(apps[1]) as second:
         for client in (first, second):
-            r = client.get("/metrics")  # no admin token configured: open
+            r = client.get("/metrics", headers={"authorization": f"Bearer {TOKEN}"})
             assert r.status_code == 200
             assert "compaction_proxy_compactions_total" in r.text
         assert first.app.state.res.metrics.registry is not second.app.state.res.metrics.registry
@@ -441,10 +441,14 @@ def test_metrics_sum_every_worker_in_multiprocess_mode(tmp_path: Path) -> None:
             }
             assert len(per_worker) == 2 and sum(per_worker.values()) == n
             assert all(v > 0 for v in per_worker.values()), per_worker
+            # No admin.token configured: both workers use the one generated on first start.
+            token = (tmp_path / "store" / "admin-token").read_text().strip()
+            auth = {"authorization": f"Bearer {token}", "connection": "close"}
             # Every scrape, whichever worker answers it, shows all workers' requests.
             for _ in range(6):
                 with httpx.Client() as fresh:
-                    r = fresh.get(f"{proxy.root}/metrics", headers={"connection": "close"})
+                    r = fresh.get(f"{proxy.root}/metrics", headers=auth)
+                assert r.status_code == 200, r.text
                 assert total(parse(r.text), "compaction_proxy_requests_total") == n
         finally:
             proxy.stop()
