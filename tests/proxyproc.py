@@ -69,7 +69,8 @@ class ProxyProcess:
             [cli_path(), "serve", "--config", str(self.config_path), *(extra_args or [])],
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            # A generated admin token for a Redis store lands in $XDG_CONFIG_HOME: keep it here.
+            env={**os.environ, "XDG_CONFIG_HOME": str(self.tmp / "config"), **(env or {})},
             **popen,
         )
         deadline = time.monotonic() + 30
