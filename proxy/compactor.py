@@ -41,6 +41,11 @@ from .tokens import TokenCounter
 from .writer import BatchWriter
 
 log = logging.getLogger("compaction_proxy.compactor")
+# Histories this long (or requests the server finds big, ``prepare(offload=True)``) are
+# fingerprinted and counted in a worker thread: counting text seen for the first time costs
+# milliseconds per hundred kilobytes, which must not stall every other request on the loop.
+# Below it the thread hop would cost more than it saves.
+OFFLOAD_MESSAGES = 1000
 
 EMERGENCY_NOTE = (
     "Earlier messages of this conversation were omitted so that it fits the model's context."
@@ -195,6 +200,7 @@ class Compactor:
         summary_role: str | None = None,
         llm_model: str | None = None,
         controls: Controls | None = None,
+        offload: bool = False,
     ) -> Prepared:
         """Identify, substitute, count and decide; compact inline when the decision says so.
 
@@ -204,10 +210,17 @@ class Compactor:
         if controls is None:
             controls = Controls("bypassed by x-compaction: off", "off") if bypass else Controls()
         bypass = controls.skip is not None
-        fps = fingerprints(messages)
-        chain = prefix_chain(tenant, fps)
-        conversation = conversation_id(chain, messages, conversation_header)
-        counts = self.counter.count_messages(messages, model, fps)
+        offload = offload or len(messages) >= OFFLOAD_MESSAGES
+        if offload:
+            # Hashing and counting a huge history takes seconds: off the event loop, so
+            # every other request (and /healthz) keeps being answered meanwhile.
+            fps, chain, conversation, counts = await asyncio.to_thread(
+                self._identify, messages, model, tenant, conversation_header
+            )
+        else:
+            fps, chain, conversation, counts = self._identify(
+                messages, model, tenant, conversation_header
+            )
         original_tokens = sum(counts) + 3
         record, cooling, paused = None, False, False
         tracker: StabilityState | None = None
@@ -259,9 +272,20 @@ class Compactor:
             return prepared  # measured only: no inline work, no cache marks
         if prepared.decision.action == "inline":
             prepared = await self._inline(prepared)
-        if self.settings.enabled:
+        if self.settings.enabled and offload:
+            await asyncio.to_thread(self._stabilise, prepared, tracker, fps)
+        elif self.settings.enabled:
             self._stabilise(prepared, tracker, fps)
         return prepared
+
+    def _identify(
+        self, messages: list[Message], model: str, tenant: str, conversation_header: str | None
+    ) -> tuple[list[bytes], list[bytes], str, list[int]]:
+        """Fingerprints, prefix chain, conversation id and per-message token counts."""
+        fps = fingerprints(messages)
+        chain = prefix_chain(tenant, fps)
+        conversation = conversation_id(chain, messages, conversation_header)
+        return fps, chain, conversation, self.counter.count_messages(messages, model, fps)
 
     def _pays(self, prepared: Prepared, meta: Any) -> bool:
         """``policy: cost``: whether compacting now is expected to save money overall."""

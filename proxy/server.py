@@ -53,6 +53,8 @@ from .surfaces import (
 from .validation import parse_json_object
 
 log = logging.getLogger("compaction_proxy.server")
+# Bodies this big are parsed, validated, fingerprinted and counted in a worker thread.
+OFFLOAD_BYTES = 256 * 1024
 
 
 def error_response(exc: ProxyError, path: str = "") -> JSONResponse:
@@ -102,6 +104,13 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def parse_and_validate(raw: bytes, surface: Surface) -> dict[str, Any]:
+    """The body as a JSON object the surface accepts, or ``BadRequest``."""
+    body = parse_json_object(raw)
+    surface.validate(body)
+    return body
+
+
 async def chat_completions(request: Request) -> Response:
     return await _serve(request, OPENAI_CHAT)
 
@@ -119,8 +128,11 @@ async def _serve(request: Request, surface: Surface) -> Response:
     res: Resources = request.app.state.res
     started = time.perf_counter()
     raw = await read_body(request, res.config.max_body_bytes)
-    body = parse_json_object(raw)
-    surface.validate(body)
+    big = len(raw) >= OFFLOAD_BYTES
+    if big:  # parsing and checking megabytes would stall every other request on the loop
+        body = await asyncio.to_thread(parse_and_validate, raw, surface)
+    else:
+        body = parse_and_validate(raw, surface)
     credential = credential_of(request)
     tenant_name = request.headers.get("x-compaction-tenant")
     tenant = tenant_id(credential, tenant_name)
@@ -144,6 +156,7 @@ async def _serve(request: Request, surface: Surface) -> Response:
             conversation_header=request.headers.get("x-conversation-id"),
             controls=controls,
             summary_role=surface.summary_role,
+            offload=big,
         )
     except Exception:  # fail open: a compaction problem never fails the request
         log.exception("compaction core failed; forwarding unchanged")
