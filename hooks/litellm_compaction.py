@@ -274,6 +274,11 @@ class CompactionHook(CustomLogger):
             summarizer=load_prompt("summarizer", config.compaction),
         )
         llm = LiteLLMRouterLLM(timeout_s=config.compaction.llm_timeout_s)
+        if config.compaction.summary_base_url:
+            log.warning(
+                "compaction.summary_base_url is ignored inside LiteLLM: the detector and "
+                "summarizer calls go through LiteLLM's router (set detection_model/summary_model)"
+            )
         log.info("compaction hook started", extra={"store": config.store.url.split("://")[0]})
         return Compactor(config.compaction, store, llm, prompts, retention_s=config.retention_s)
 
