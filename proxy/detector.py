@@ -24,6 +24,7 @@ _NO_NEW_TOPIC_RE = re.compile(
     r"|\b(?:still|continues|continuing|continuation of)\s+(?:on|with|the|to|working)\b",
     re.IGNORECASE,
 )
+_WORDS_RE = re.compile(r"[A-Za-z]{3,}")
 # A reason that hedges cannot carry a high confidence.
 _HEDGE_RE = re.compile(
     r"\b(?:maybe|perhaps|possibly|might|may be|unclear|not sure|uncertain|hard to say|"
@@ -144,8 +145,8 @@ def sane(detection: Detection, offset: int, body_start: int) -> Detection:
     """The detection, or "no boundary" when it contradicts itself.
 
     A boundary at (or before) the first message of the body leaves nothing to set aside; a
-    reason saying there is no new topic, or a hedging reason with a high confidence, is no
-    evidence of a topic change whatever the index says.
+    reason saying there is no new topic, a hedging reason with a high confidence, or a reason
+    without words is no evidence of a topic change whatever the index says.
     """
     if detection.boundary_index is None:
         return detection
@@ -154,6 +155,8 @@ def sane(detection: Detection, offset: int, body_start: int) -> Detection:
         offset + detection.boundary_index <= body_start
         or _NO_NEW_TOPIC_RE.search(reason)
         or (detection.confidence >= 0.8 and _HEDGE_RE.search(reason))
+        # A reason without words ("2025-01-04 10:03:07,120 INFO") explains nothing.
+        or len(_WORDS_RE.findall(reason)) < 2
     ):
         return Detection(None, reason, 0.0, detection.summary)
     return detection

@@ -237,7 +237,6 @@ def facts_in(text: str, limit: int = 500) -> list[Fact]:
     matches.sort()
     taken: list[tuple[int, int]] = []
     found: dict[str, Fact] = {}
-    counts: dict[str, int] = {}
     for start, neg_end, _, kind, weight, raw, captured in matches:
         end = -neg_end
         if any(s <= start and end <= e for s, e in taken):
@@ -254,16 +253,14 @@ def facts_in(text: str, limit: int = 500) -> list[Fact]:
         if at >= 0:  # what is left after cleaning: the rest may hold other facts
             start, end = start + at, start + at + len(fact)
         taken.append((start, end))
-        counts[fact] = counts.get(fact, 0) + 1
         if fact not in found:
             if len(found) >= limit:
                 continue
             digits = 0.5 if any(c.isdigit() for c in fact) else 0.0
             found[fact] = Fact(fact, kind, weight + digits, start)
-    return [
-        Fact(f.text, f.kind, f.score + 0.3 * min(counts[f.text] - 1, 3), f.first)
-        for f in found.values()
-    ]
+    # No bonus for repetition: in agent sessions the most repeated strings are the paths a
+    # tool keeps touching, not the facts a user stated once.
+    return list(found.values())
 
 
 def extract_key_facts(text: str, limit: int = 500) -> list[str]:

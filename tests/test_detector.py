@@ -282,3 +282,8 @@ def test_the_prompt_names_the_cues() -> None:
     prompt = (Path(__file__).parents[1] / "proxy" / "prompts" / "detector.md").read_text()
     for cue in ("switches task", "another file", "kind of work changes", "context reset", "middle"):
         assert cue in prompt
+
+
+def test_a_reason_without_words_is_no_boundary() -> None:
+    d = Detection(6, "2025-01-04 10:03:07,120 INFO", 0.8)
+    assert sane(d, offset=10, body_start=1).boundary_index is None
