@@ -38,8 +38,8 @@ from .report import render
 COMPACTION = {
     # Small enough that a 135M model on a shared CPU compacts each conversation a few times
     # within minutes; the ratios are what matters, not the absolute sizes.
-    "trigger_tokens": 1000,
-    "verbatim_window_tokens": 300,
+    "trigger_tokens": 1500,
+    "verbatim_window_tokens": 350,
     "summary_budget_tokens": 128,
     "min_verbatim_exchanges": 2,
     "mode": "inline",
