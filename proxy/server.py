@@ -23,6 +23,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import admin, admintoken, dashboard, health, ledger  # admin, dashboard: the operators' view
+from .bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
 from .compactor import Compactor, Prepared, Prompts
 from .config import Config, load_prompt
 from .controls import request_controls
@@ -190,20 +191,8 @@ async def _serve(request: Request, surface: Surface) -> Response:
     relay_headers = frozenset({"content-encoding"})
 
     if not stream:
-        async with mapped_errors(deadline_s=res.config.upstream.timeout_s):
-            upstream = await res.client.post(url, content=payload, headers=headers)
-        usage = None
-        if upstream.status_code == 200:
-            try:
-                usage = usage_of(orjson.loads(upstream.content))
-            except orjson.JSONDecodeError:
-                usage = None
-        _finish(res, surface, prepared, usage, upstream.status_code, started, overhead)
-        return Response(
-            upstream.content,
-            status_code=upstream.status_code,
-            headers=response_headers(upstream.headers, drop=relay_headers) | own,
-        )
+        whole = Forwarded(res, surface, prepared, started, overhead)
+        return await _forward_whole(whole, url, payload, headers, own, relay_headers)
 
     upstream_request = res.client.build_request("POST", url, content=payload, headers=headers)
     async with mapped_errors():
@@ -225,6 +214,112 @@ async def _serve(request: Request, surface: Surface) -> Response:
         status_code=200,
         headers=response_headers(upstream.headers, drop=relay_headers) | own,
     )
+
+
+@dataclass
+class Forwarded:
+    """What ``_finish`` needs once a non-streamed answer has gone out."""
+
+    res: Resources
+    surface: Surface
+    prepared: Prepared | None
+    started: float
+    overhead: float
+
+    def finish(self, usage: Any, status: int) -> None:
+        _finish(self.res, self.surface, self.prepared, usage, status, self.started, self.overhead)
+
+
+async def _forward_whole(
+    fwd: Forwarded,
+    url: str,
+    payload: bytes,
+    headers: httpx.Headers,
+    own: dict[str, str],
+    relay_headers: frozenset[str],
+) -> Response:
+    """A non-streamed request: ``upstream.timeout_s`` bounds the whole of it. An answer up
+    to ``WHOLE_BODY_BYTES`` is read whole (its usage parsed); a bigger one is relayed as it
+    arrives, its usage read from its last bytes."""
+    res = fwd.res
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + res.config.upstream.timeout_s
+    request = res.client.build_request("POST", url, content=payload, headers=headers)
+    async with mapped_errors(deadline_s=res.config.upstream.timeout_s):
+        upstream = await res.client.send(request, stream=True)
+        try:
+            head, rest = await _read_up_to(upstream, WHOLE_BODY_BYTES)
+        except BaseException:
+            await upstream.aclose()
+            raise
+    out_headers = response_headers(upstream.headers, drop=relay_headers) | own
+    if rest is None:
+        await upstream.aclose()
+        usage = None
+        if upstream.status_code == 200:
+            try:
+                usage = usage_of(orjson.loads(head))
+            except orjson.JSONDecodeError:
+                usage = None
+        fwd.finish(usage, upstream.status_code)
+        return Response(head, status_code=upstream.status_code, headers=out_headers)
+    length = upstream.headers.get("content-length")
+    if length and length.isdigit() and "content-encoding" not in upstream.headers:
+        out_headers["content-length"] = length  # a short body is then seen as short
+    return StreamingResponse(
+        _relay_whole(fwd, upstream, head, rest, deadline),
+        status_code=upstream.status_code,
+        headers=out_headers,
+    )
+
+
+async def _read_up_to(
+    upstream: httpx.Response, limit: int
+) -> tuple[bytes, AsyncIterator[bytes] | None]:
+    """The body if it ends within ``limit`` bytes (and None); else what was read so far and
+    the rest of the body still to come."""
+    chunks: list[bytes] = []
+    size = 0
+    rest = upstream.aiter_bytes()
+    async for chunk in rest:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(chunks), rest
+    return b"".join(chunks), None
+
+
+async def _relay_whole(
+    fwd: Forwarded,
+    upstream: httpx.Response,
+    head: bytes,
+    rest: AsyncIterator[bytes],
+    deadline: float,
+) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    tail = head[-TAIL_BYTES:]
+    completed = False
+    try:
+        yield head
+        while True:
+            # The deadline wraps each read only, never a yield (the client's pace is not the
+            # upstream's, and a timeout must not cancel the write in progress).
+            async with asyncio.timeout(max(deadline - loop.time(), 0)):
+                try:
+                    chunk = await anext(rest)
+                except StopAsyncIteration:
+                    break
+            tail = (tail + chunk)[-TAIL_BYTES:]
+            yield chunk
+        completed = True
+    except (httpx.HTTPError, TimeoutError) as exc:
+        log.warning("upstream body broke", extra={"error": type(exc).__name__})
+        raise BodyBroken from exc
+    finally:
+        await upstream.aclose()
+        status = upstream.status_code if completed else 499
+        usage = usage_in_tail(tail) if completed and status == 200 else None
+        fwd.finish(usage, status)
 
 
 async def _relay(

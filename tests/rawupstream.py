@@ -19,6 +19,7 @@ from typing import Any
 
 TRUNCATED_TOTAL = 5269  # the length the broken body promises
 TRUNCATED_SENT = 2000  # what it sends before the connection resets
+BIG_ANSWER_CHARS = 20 * 1024 * 1024
 
 
 @dataclass
@@ -163,6 +164,11 @@ class RawUpstream:
         marked = seen.header("x-compaction-purpose") is not None or "/drip/" in path
         if marked and self.llm_mode == "drip":
             return self._drip(sock)
+        if seen.method == "POST" and b'"big please"' in seen.body:
+            # A 20 MB answer (think many choices with log-probabilities), usage at its end.
+            answer = completion("x" * BIG_ANSWER_CHARS)
+            self._send(sock, 200, json.dumps(answer).encode(), "application/json")
+            return True
         if path.endswith("/chat/completions") and seen.method == "POST":
             data = seen.json or {}
             if data.get("stream") is True:

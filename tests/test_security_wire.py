@@ -20,6 +20,7 @@ import pytest
 from tests.checks import INLINE
 from tests.proxyproc import ProxyProcess
 from tests.rawupstream import (
+    BIG_ANSWER_CHARS,
     TRUNCATED_SENT,
     TRUNCATED_TOTAL,
     RawUpstream,
@@ -286,3 +287,39 @@ def test_upstream_timeout_bounds_a_whole_non_streaming_request(tmp_path: Path) -
             assert response.status_code == 504, response.text
             assert response.json()["error"]["code"] == "upstream_timeout"
             assert slow.drips_finished == 0
+
+
+# ---- 10. big answers are relayed, not held ------------------------------------------------
+
+
+def _peak_rss_kb(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(x for x in status.splitlines() if x.startswith("VmHWM:")).split()[1])
+
+
+def test_big_answers_are_relayed_as_they_arrive(tmp_path: Path) -> None:
+    """Two 20 MB non-streamed answers: each arrives whole with its length, its usage is
+    counted, and the proxy never held one whole (its peak memory grows by much less)."""
+    with RawUpstream() as up:
+        with ProxyProcess(tmp_path, up.url("/v1"), admin=ADMIN) as px:
+            assert px.proc is not None
+            url = f"{px.base_url}/chat/completions"
+            small = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            assert httpx.post(url, json=small, timeout=30).status_code == 200  # warm up
+            before = _peak_rss_kb(px.proc.pid)
+            for _ in range(2):
+                big = {"model": "m", "messages": [{"role": "user", "content": "big please"}]}
+                response = httpx.post(url, json=big, timeout=120)
+                assert response.status_code == 200
+                assert int(response.headers["content-length"]) == len(response.content)
+                assert len(response.json()["choices"][0]["message"]["content"]) == BIG_ANSWER_CHARS
+            grown_mb = (_peak_rss_kb(px.proc.pid) - before) / 1024
+            stats = httpx.get(
+                f"{px.root}/admin/api/stats",
+                headers={"authorization": f"Bearer {ADMIN['token']}"},
+                timeout=10,
+            ).json()
+            assert stats["totals"]["prompt_tokens"] == 30  # usage read from the answers' ends
+            # Holding one answer whole costs at least its 20 MB (the bytes) again as a str
+            # while parsing it; relayed in chunks the peak stays far below that.
+            assert grown_mb < 20, grown_mb
