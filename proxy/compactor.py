@@ -21,12 +21,19 @@ from . import costs, detector, keyfacts, ledger, lossreport, planner, stability,
 from .controls import Controls
 from .controls import sampled as _sampled
 from .errors import CompactionFailed, StoreError
-from .fingerprint import conversation_id, fingerprint, fingerprints, prefix_chain
+from .fingerprint import (
+    conversation_id,
+    earlier_conversation_id,
+    fingerprint,
+    fingerprints,
+    prefix_chain,
+)
 from .llm import LLM, LLMReply
 from .messages import Message, head_length
 from .modelmap import context_window, provider_family
 from .records import (
     MAX_CHECKPOINTS,
+    Checkpoint,
     CompactionRecord,
     body_start,
     conv_key,
@@ -94,6 +101,10 @@ class Prepared:
         """Whether the upstream must receive the client's request byte for byte."""
         return self.shadow or self.skipped
 
+    # The id this session had before its first reply (see fingerprint.conversation_id).
+    earlier_conversation: str | None = None
+    outside_cache_marks: int = 0  # the client's cache marks outside the messages
+
     @property
     def changed(self) -> bool:
         """Whether the forwarded messages differ from what the client sent."""
@@ -153,34 +164,55 @@ class Compactor:
         return fn(*args)
 
     def _lookup_sync(
-        self, tenant: str, conversation: str, chain: Sequence[bytes]
+        self,
+        tenant: str,
+        conversation: str,
+        chain: Sequence[bytes],
+        earlier: str | None = None,
     ) -> tuple[CompactionRecord | None, bool]:
+        """The record for the longest stored prefix of ``chain``, and whether the
+        conversation cools down. Records made under the session's ``earlier`` id (its first
+        request, before any reply) count too: they name exact prefixes, so they apply."""
         cooling = self.store.get(conv_key("cool", tenant, conversation)) is not None
-        cps = parse_checkpoints(get_list(self.store, conv_key("ck", tenant, conversation)))
-        cp = find_checkpoint(cps, chain)
-        if cp is None:
+        best: tuple[Checkpoint, str] | None = None
+        for conv in (conversation, earlier):
+            if conv is None:
+                continue
+            cps = parse_checkpoints(get_list(self.store, conv_key("ck", tenant, conv)))
+            cp = find_checkpoint(cps, chain)
+            if cp is not None and (best is None or cp.k > best[0].k):
+                best = (cp, conv)
+        if best is None:
             return None, cooling
-        raw = self.store.get(conv_key("rec", tenant, conversation) + ":" + cp.prefix_hash)
+        cp, conv = best
+        raw = self.store.get(conv_key("rec", tenant, conv) + ":" + cp.prefix_hash)
         record = CompactionRecord.from_json(raw)
         if record is None or record.k != cp.k or record.prefix_hash != cp.prefix_hash:
             return None, cooling
         return record, cooling
 
     def _prepare_sync(
-        self, tenant: str, conversation: str, chain: Sequence[bytes]
+        self, tenant: str, conversation: str, chain: Sequence[bytes], earlier: str | None = None
     ) -> tuple[CompactionRecord | None, bool, bool, StabilityState | None, Any]:
         """Everything ``prepare`` reads from the store, in one hop off the event loop."""
-        record, cooling = self._lookup_sync(tenant, conversation, chain)
+        record, cooling = self._lookup_sync(tenant, conversation, chain, earlier)
         paused = self.store.get(conv_key("pause", tenant, conversation)) is not None
-        return (record, cooling, paused, *self._history_sync(tenant, conversation))
+        return (record, cooling, paused, *self._history_sync(tenant, conversation, earlier))
 
-    def _history_sync(self, tenant: str, conversation: str) -> tuple[StabilityState | None, Any]:
-        """The stability tracker (unless this worker holds the newest) and, for the cost
-        policy only, the ledger's view of this conversation."""
-        state = self._recent_stability.get((tenant, conversation))
-        if state is None:
-            raw = self.store.get(conv_key("stab", tenant, conversation))
-            state = StabilityState.from_json(raw)
+    def _history_sync(
+        self, tenant: str, conversation: str, earlier: str | None = None
+    ) -> tuple[StabilityState | None, Any]:
+        """The stability tracker (unless this worker holds the newest; else the one of the
+        session's first request) and, for the cost policy only, the ledger's view of this
+        conversation."""
+        state = None
+        for conv in (conversation, earlier):
+            if conv is None or state is not None:
+                continue
+            state = self._recent_stability.get((tenant, conv))
+            if state is None:
+                raw = self.store.get(conv_key("stab", tenant, conv))
+                state = StabilityState.from_json(raw)
         meta = None
         if self.settings.policy == "cost":
             meta = self.store.get(conv_key("conv", tenant, conversation))
@@ -201,11 +233,15 @@ class Compactor:
         llm_model: str | None = None,
         controls: Controls | None = None,
         offload: bool = False,
+        outside_cache_marks: int = 0,
     ) -> Prepared:
         """Identify, substitute, count and decide; compact inline when the decision says so.
 
         ``controls`` (see ``proxy.controls``) says whether the request may be compacted, only
         measured (shadow) or must pass as sent; ``bypass`` is the short form of the latter.
+        ``outside_cache_marks``: cache breakpoints the client placed outside ``messages``
+        (Anthropic tool definitions); the proxy's own marks stay within the provider's limit
+        together with them.
         """
         if controls is None:
             controls = Controls("bypassed by x-compaction: off", "off") if bypass else Controls()
@@ -214,11 +250,11 @@ class Compactor:
         if offload:
             # Hashing and counting a huge history takes seconds: off the event loop, so
             # every other request (and /healthz) keeps being answered meanwhile.
-            fps, chain, conversation, counts = await asyncio.to_thread(
+            fps, chain, conversation, earlier, counts = await asyncio.to_thread(
                 self._identify, messages, model, tenant, conversation_header
             )
         else:
-            fps, chain, conversation, counts = self._identify(
+            fps, chain, conversation, earlier, counts = self._identify(
                 messages, model, tenant, conversation_header
             )
         original_tokens = sum(counts) + 3
@@ -228,7 +264,7 @@ class Compactor:
         if not bypass and self.settings.enabled:
             try:
                 record, cooling, paused, tracker, meta = await self._read(
-                    self._prepare_sync, tenant, conversation, chain
+                    self._prepare_sync, tenant, conversation, chain, earlier
                 )
             except StoreError as exc:
                 log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
@@ -249,6 +285,8 @@ class Compactor:
         if paused and not bypass:
             controls = Controls("compaction paused for this conversation", "opt-out")
             bypass = True
+        prepared.earlier_conversation = earlier
+        prepared.outside_cache_marks = outside_cache_marks
         window = context_window(model)
         prepared.decision = planner.decide(
             prepared.forwarded_tokens,
@@ -280,12 +318,15 @@ class Compactor:
 
     def _identify(
         self, messages: list[Message], model: str, tenant: str, conversation_header: str | None
-    ) -> tuple[list[bytes], list[bytes], str, list[int]]:
-        """Fingerprints, prefix chain, conversation id and per-message token counts."""
+    ) -> tuple[list[bytes], list[bytes], str, str | None, list[int]]:
+        """Fingerprints, prefix chain, conversation id (and the session's earlier one, see
+        ``fingerprint.conversation_id``) and per-message token counts."""
         fps = fingerprints(messages)
         chain = prefix_chain(tenant, fps)
         conversation = conversation_id(chain, messages, conversation_header)
-        return fps, chain, conversation, self.counter.count_messages(messages, model, fps)
+        earlier = earlier_conversation_id(chain, messages, conversation_header)
+        counts = self.counter.count_messages(messages, model, fps)
+        return fps, chain, conversation, earlier, counts
 
     def _pays(self, prepared: Prepared, meta: Any) -> bool:
         """``policy: cost``: whether compacting now is expected to save money overall."""
@@ -334,9 +375,16 @@ class Compactor:
             return
         if stability.has_cache_marks(prepared.original):
             return  # the client manages its own cache breakpoints: never touch them
+        budget = stability.MAX_BREAKPOINTS - prepared.outside_cache_marks
+        if budget <= 0:
+            return
         levels = stability.tiers(prepared.stability, self.tiers)
-        can_mark = [stability.markable(m) for m in prepared.forwarded]
-        marks = stability.breakpoints(levels, head_len, summary_at, can_mark)
+        # Not on a system message inside the conversation (Claude Code's): left as sent.
+        can_mark = [
+            stability.markable(m) and (i < head_len or m.get("role") != "system")
+            for i, m in enumerate(prepared.forwarded)
+        ]
+        marks = stability.breakpoints(levels, head_len, summary_at, can_mark, limit=budget)
         if marks:
             prepared.forwarded = stability.with_marks(prepared.forwarded, marks)
             prepared.marked = True
@@ -398,6 +446,8 @@ class Compactor:
         updated.decision = prepared.decision
         updated.summary_role = prepared.summary_role
         updated.llm_model = prepared.llm_model
+        updated.earlier_conversation = prepared.earlier_conversation
+        updated.outside_cache_marks = prepared.outside_cache_marks
         updated.compacted_now = True
         return updated
 
@@ -481,7 +531,11 @@ class Compactor:
         try:
             # Another worker may have stored a compaction between our lookup and the lock.
             latest, _ = await self._io(
-                self._lookup_sync, prepared.tenant, prepared.conversation, prepared.chain
+                self._lookup_sync,
+                prepared.tenant,
+                prepared.conversation,
+                prepared.chain,
+                prepared.earlier_conversation,
             )
             if latest is not None and latest != prepared.record:
                 return Outcome(latest.case, latest, "reused a compaction stored meanwhile")
@@ -496,7 +550,11 @@ class Compactor:
         """After waiting for a concurrent compaction: its record, if it matches this history."""
         try:
             record, _ = await self._io(
-                self._lookup_sync, prepared.tenant, prepared.conversation, prepared.chain
+                self._lookup_sync,
+                prepared.tenant,
+                prepared.conversation,
+                prepared.chain,
+                prepared.earlier_conversation,
             )
         except StoreError:
             record = None

@@ -117,9 +117,14 @@ def tenant_id(credential: str | None, tenant_header: str | None = None) -> str:
     return hashlib.blake2b(material, digest_size=16, person=b"cproxy-tenant").hexdigest()
 
 
-def first_user_index(messages: Sequence[Message]) -> int | None:
+def first_reply_index(messages: Sequence[Message]) -> int | None:
+    """Index of the first assistant message after the first user message, if any."""
+    seen_user = False
     for i, m in enumerate(messages):
-        if m.get("role") == "user":
+        role = m.get("role")
+        if role == "user":
+            seen_user = True
+        elif role == "assistant" and seen_user:
             return i
     return None
 
@@ -127,14 +132,20 @@ def first_user_index(messages: Sequence[Message]) -> int | None:
 def conversation_id(
     chain: Sequence[bytes], messages: Sequence[Message], header: str | None = None
 ) -> str:
-    """The client's ``X-Conversation-Id`` or ``h[first user message + 1]`` in hex.
+    """The client's ``X-Conversation-Id`` (as ``c:<id>``), else ``h[through the first reply]``.
 
+    The hash runs through the first assistant message after the first user message, so two
+    sessions of an agent that always opens with the same user message (a fixed task, an
+    environment context) separate as soon as their first replies differ, while a session
+    keeps its id for as long as it resends its history. A history with no reply yet (the
+    first request of a session) is named by all of it: that is the id the session's next
+    request knows as ``earlier_conversation_id``.
     It only groups records and stats; lookup itself relies on the chain.
     """
-    if header:
+    if header and header.strip():
         return "c:" + header.strip()[:200]
-    idx = first_user_index(messages)
-    k = len(messages) if idx is None else idx + 1
+    reply = first_reply_index(messages)
+    k = len(messages) if reply is None else reply + 1
     return chain[k].hex()
 
 
@@ -142,3 +153,14 @@ def conversation_label(conversation: str) -> str:
     """A conversation id as the client knows it: its ``x-conversation-id`` as sent (without
     the ``c:`` that keeps header ids apart from hash ids in the store), or the hash id."""
     return conversation.removeprefix("c:")
+
+
+def earlier_conversation_id(
+    chain: Sequence[bytes], messages: Sequence[Message], header: str | None = None
+) -> str | None:
+    """The id this session had on its first request, before its first reply: where records
+    made then (a stability tracker, a compaction) are found. None when there is none."""
+    if header and header.strip():
+        return None
+    reply = first_reply_index(messages)
+    return None if reply is None else chain[reply].hex()

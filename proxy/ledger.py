@@ -16,7 +16,7 @@ from . import costs
 from .errors import StoreError
 from .modelmap import model_info
 from .records import conv_key
-from .store import Store
+from .store import Store, get_list
 
 log = logging.getLogger("compaction_proxy.ledger")
 
@@ -50,6 +50,9 @@ class RequestEntry:
     record: str | None = None  # prefix hash of the compaction in effect, if any
     # Shadow mode: the upstream got the original; ``forwarded_*`` is what it would have got.
     shadow: bool = False
+    # The id the session had on its first request, before its first reply (see
+    # fingerprint.conversation_id): that request's row joins this one.
+    earlier_conversation: str | None = None
 
     @classmethod
     def of(
@@ -84,6 +87,7 @@ class RequestEntry:
             overhead_s=round(overhead_s, 6),
             record=prepared.record.prefix_hash if prepared.record else None,
             shadow=prepared.shadow,
+            earlier_conversation=prepared.earlier_conversation,
         )
 
     @property
@@ -269,6 +273,7 @@ def record_batch(
     savings: list[costs.RequestSaving] = []
     shadow_savings: list[costs.RequestSaving] = []
     for (tenant, conversation), items in by_conv.items():
+        earlier = items[0][0].earlier_conversation
 
         def conv_update(meta: Any, items: list[tuple[RequestEntry, Any]] = items) -> Any:
             for entry, _ in items:
@@ -276,6 +281,8 @@ def record_batch(
             return meta
 
         try:
+            if earlier:
+                _adopt(store, tenant, earlier, conversation, retention_s)
             store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
             store.extend(
                 conv_key("req", tenant, conversation),
@@ -326,6 +333,45 @@ def record_batch(
             return t
 
         store.update(f"hour:{hour}", hour_update, retention_s)
+
+
+def _adopt(
+    store: Store, tenant: str, earlier: str, conversation: str, retention_s: float | None
+) -> None:
+    """A session's first request was recorded under the id it had before its first reply:
+    when its second request names the session for the first time, that row becomes this
+    session's (one dashboard row per session). Sessions whose first requests were identical
+    share that first row; the first of them to continue takes it."""
+    current = store.get(conv_key("conv", tenant, conversation))
+    if isinstance(current, dict) and current.get("requests"):
+        return  # this session's row exists already
+    old = store.get(conv_key("conv", tenant, earlier))
+    if not isinstance(old, dict):
+        return
+
+    def merge(meta: Any) -> dict[str, Any]:
+        # A compaction may have been charged to the new id before its first request landed.
+        merged = {**old, "conversation": conversation}
+        for key, value in (meta if isinstance(meta, dict) else {}).items():
+            before = merged.get(key)
+            if isinstance(value, int | float) and isinstance(before, int | float):
+                merged[key] = before + value
+            elif isinstance(value, dict) and isinstance(before, dict):
+                merged[key] = {**before, **value}
+            else:
+                merged[key] = value
+        return merged
+
+    store.update(conv_key("conv", tenant, conversation), merge, retention_s)
+    for kind, limit in (("req", 500), ("ev", 500)):
+        items = get_list(store, conv_key(kind, tenant, earlier))
+        if items:
+            if kind == "req":
+                items = [{**i, "conversation": conversation} for i in items]
+            store.extend(conv_key(kind, tenant, conversation), items, retention_s, limit)
+    # The row goes (its lists expire with their retention).
+    for kind in ("conv", "orig"):
+        store.delete(conv_key(kind, tenant, earlier))
 
 
 def record_compaction(

@@ -11,6 +11,10 @@ Message = dict[str, Any]
 
 HEAD_ROLES = frozenset({"system", "developer"})
 SUMMARY_PREFIX = "[History Summary - "
+# Private reasoning: Anthropic thinking blocks and Responses reasoning items (carried in the
+# view as one block of their own). Forwarded and counted, never rendered into a transcript
+# (so never summarized or mined for key facts), and never separated from their turn.
+OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking", "reasoning"})
 
 
 def _blocks(message: Message, kind: str) -> list[dict[str, Any]]:
@@ -56,7 +60,7 @@ def _block_text(block: dict[str, Any]) -> str:
         body = inner if isinstance(inner, str) else text_of({"content": inner})
         error = " (error)" if block.get("is_error") else ""
         return f"TOOL RESULT ({block.get('tool_use_id')}){error}: {body}"
-    if kind in ("thinking", "redacted_thinking"):
+    if kind in OPAQUE_BLOCKS:
         return ""  # private reasoning: not part of what the conversation established
     if kind in ("image_url", "image"):
         return "[image]"
@@ -81,6 +85,18 @@ def text_of(message: Message) -> str:
                 parts.append(part)
         return "\n".join(parts)
     return str(content)
+
+
+def is_opaque(message: Message) -> bool:
+    """Whether the message holds only private reasoning (a Responses reasoning item, or an
+    assistant turn of thinking blocks alone)."""
+    content = message.get("content")
+    return (
+        isinstance(content, list)
+        and bool(content)
+        and not message.get("tool_calls")
+        and all(isinstance(b, dict) and b.get("type") in OPAQUE_BLOCKS for b in content)
+    )
 
 
 def head_length(messages: Sequence[Message]) -> int:
@@ -108,6 +124,8 @@ def render(message: Message) -> str:
     else:
         name = message.get("name")
         label = f"{role} ({name})" if name else role
+        if is_opaque(message):
+            return f"{label}: (private reasoning, not shown)"
         if text:
             lines.append(f"{label}: {text}")
         for call in message.get("tool_calls") or []:

@@ -179,6 +179,13 @@ class Metrics:
             "Times the store was found unavailable (unwritable, deleted, corrupt, unreachable).",
             registry=r,
         )
+        self.rejected = Counter(
+            f"{PREFIX}_rejected_requests",
+            "Requests the proxy itself answered with a 4xx (never forwarded), by route and "
+            "reason (the error code).",
+            ["route", "reason"],
+            registry=r,
+        )
         # Known label values start at zero, so every series exists before its first event.
         for case in COMPACTION_CASES:
             self.compactions.labels(case)
@@ -237,6 +244,13 @@ class Metrics:
             self.saved_usd.labels(route, model).inc(saved * input_price(prepared.model))
         except Exception:  # metrics never break a request
             log.exception("metrics: observe_request failed")
+
+    def observe_rejection(self, route: str, reason: str) -> None:
+        """One request the proxy refused itself (bad body, unknown route, ...)."""
+        try:
+            self.rejected.labels(route, reason).inc()
+        except Exception:
+            log.exception("metrics: observe_rejection failed")
 
     def observe_compaction(
         self, case: str, duration_s: float | None, failed_purpose: str | None = None

@@ -40,7 +40,7 @@ from .headers import compaction_headers
 from .health import StoreHealth, open_store_or_degraded
 from .llm import HttpLLM
 from .metrics import Metrics
-from .sse import EventSplitter, event_json, is_usage_only
+from .sse import EventSplitter, event_json, is_terminal, is_usage_only
 from .store import Store
 from .surfaces import (
     ANTHROPIC_MESSAGES,
@@ -51,11 +51,14 @@ from .surfaces import (
     openai_error,
     usage_of,
 )
+from .tokens import warm_tokenizers
 from .validation import parse_json_object
 
 log = logging.getLogger("compaction_proxy.server")
 # Bodies this big are parsed, validated, fingerprinted and counted in a worker thread.
 OFFLOAD_BYTES = 256 * 1024
+# Set by the server answering (uvicorn): relaying the upstream's too would send two of each.
+SERVER_SET = frozenset({"date", "server"})
 
 
 def error_response(exc: ProxyError, path: str = "") -> JSONResponse:
@@ -66,6 +69,32 @@ def error_response(exc: ProxyError, path: str = "") -> JSONResponse:
     return JSONResponse(
         shape(str(exc), exc.type, exc.code), status_code=exc.status, headers=headers
     )
+
+
+_ROUTE_LABELS = {s.path: s.name for s in (OPENAI_CHAT, ANTHROPIC_MESSAGES, OPENAI_RESPONSES)}
+
+
+def route_label(path: str, known: bool = True) -> str:
+    """A bounded label for a request path (client paths never become metric labels)."""
+    if path in _ROUTE_LABELS:
+        return _ROUTE_LABELS[path]
+    if not known:
+        return "unknown"
+    if path.startswith(("/admin", "/dashboard", "/metrics")):
+        return "admin"
+    return "passthrough" if path.startswith("/v1/") else "other"
+
+
+def _rejected(request: Request, status: int, reason: str, known: bool = True) -> None:
+    """Log and count one 4xx the proxy answered itself (route and reason, never content)."""
+    route = route_label(request.url.path, known)
+    log.info(
+        "rejected",
+        extra={"route": route, "status": status, "reason": reason, "method": request.method},
+    )
+    res: Resources | None = getattr(request.app.state, "res", None)
+    if res is not None and res.metrics is not None:
+        res.metrics.observe_rejection(route, reason)
 
 
 @dataclass
@@ -158,6 +187,7 @@ async def _serve(request: Request, surface: Surface) -> Response:
             controls=controls,
             summary_role=surface.summary_role,
             offload=big,
+            outside_cache_marks=surface.outside_cache_marks(body),
         )
     except Exception:  # fail open: a compaction problem never fails the request
         log.exception("compaction core failed; forwarding unchanged")
@@ -188,7 +218,7 @@ async def _serve(request: Request, surface: Surface) -> Response:
     url = upstream_url(res.config.upstream.base_url, surface.path, "")
     overhead = time.perf_counter() - started
     own = compaction_headers(prepared)
-    relay_headers = frozenset({"content-encoding"})
+    relay_headers = frozenset({"content-encoding"}) | SERVER_SET
 
     if not stream:
         whole = Forwarded(res, surface, prepared, started, overhead)
@@ -331,15 +361,23 @@ async def _relay(
     started: float,
     overhead: float,
 ) -> AsyncIterator[bytes]:
-    """Relay SSE events as they complete; read usage from the events that carry it."""
+    """Relay SSE events as they complete; read usage from the events that carry it.
+
+    The stream is complete once its terminal event (``[DONE]``, ``message_stop``,
+    ``response.completed``...) has been relayed: the request counts as a success then and
+    the rest of the upstream connection is not waited for (a client that closes right after
+    the terminal event, as the openai SDK does, is not a disconnect).
+    """
     splitter = EventSplitter()
     usage: dict[str, Any] = {}
     completed = False
+    finished = False
     try:
         async for chunk in upstream.aiter_raw():
             # Every event completed by this read goes out at once, in one write: nothing
             # waits for later bytes, and the client is not sent one syscall per event.
             out = []
+            terminal = False
             for event in splitter.feed(chunk):
                 if b'"usage"' in event:
                     obj = event_json(event)
@@ -350,23 +388,35 @@ async def _relay(
                         if drop_usage and is_usage_only(obj):
                             continue
                 out.append(event)
+                terminal = terminal or is_terminal(event)
+            if terminal:
+                # Recorded before the write: the client may close as soon as it has it.
+                completed = finished = True
+                _finish(res, surface, prepared, usage or None, 200, started, overhead)
             if out:
                 yield b"".join(out)
-        rest = splitter.flush()
-        if rest:
-            yield rest
-        completed = True
+            if terminal:
+                break
+        else:
+            rest = splitter.flush()
+            if rest:
+                yield rest
+            completed = True
     except httpx.HTTPError as exc:
         log.warning("upstream stream broke", extra={"error": type(exc).__name__})
-        message = surface.error_body(
-            "upstream stream interrupted", "upstream_error", "upstream_error"
-        )
-        yield b"event: error\ndata: " + orjson.dumps(message) + b"\n\n"
+        if not completed:
+            message = surface.error_body(
+                "upstream stream interrupted", "upstream_error", "upstream_error"
+            )
+            yield b"event: error\ndata: " + orjson.dumps(message) + b"\n\n"
     finally:
+        # Recorded first: a client gone away cancels this generator, and the awaited close
+        # below may not return.
+        if not finished:
+            status = 200 if completed else 499
+            _finish(res, surface, prepared, usage or None, status, started, overhead)
         # Also runs when the client goes away: closing cancels the upstream request.
         await upstream.aclose()
-        status = 200 if completed else 499
-        _finish(res, surface, prepared, usage or None, status, started, overhead)
 
 
 def _finish(
@@ -445,7 +495,7 @@ async def passthrough(request: Request) -> Response:
         finally:
             await upstream.aclose()
 
-    relayed = response_headers(upstream.headers)
+    relayed = response_headers(upstream.headers, drop=SERVER_SET)
     length = upstream.headers.get("content-length")
     if length is not None and length.isdigit():
         # The raw bytes are relayed, so the upstream's length is ours; the client can tell
@@ -462,6 +512,8 @@ async def _proxy_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ProxyError)
     if exc.status >= 500:
         log.warning("upstream failure", extra={"error": str(exc), "status": exc.status})
+    else:
+        _rejected(request, exc.status, exc.code or exc.type)
     return error_response(exc, request.url.path)
 
 
@@ -482,18 +534,29 @@ async def _store_error(request: Request, exc: Exception) -> Response:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    no_retry = {"x-should-retry": "false"}
     if exc.status_code == 404:
+        _rejected(request, 404, "not_found", known=False)
         message = f"unknown route: {request.method} {request.url.path}"
         return JSONResponse(
-            openai_error(message, "invalid_request_error", "not_found"), status_code=404
+            openai_error(message, "invalid_request_error", "not_found"),
+            status_code=404,
+            headers=no_retry,
         )
     if exc.status_code == 405:
+        _rejected(request, 405, "method_not_allowed")
         message = f"method {request.method} not allowed on {request.url.path}"
         return JSONResponse(
-            openai_error(message, "invalid_request_error", "method_not_allowed"), status_code=405
+            openai_error(message, "invalid_request_error", "method_not_allowed"),
+            status_code=405,
+            headers=no_retry,
         )
+    if exc.status_code < 500:
+        _rejected(request, exc.status_code, "http_error")
     return JSONResponse(
-        openai_error(str(exc.detail), "invalid_request_error", None), status_code=exc.status_code
+        openai_error(str(exc.detail), "invalid_request_error", None),
+        status_code=exc.status_code,
+        headers=no_retry if exc.status_code < 500 else None,
     )
 
 
@@ -532,6 +595,10 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # Before the first request (and before /healthz answers): building an encoding
+        # takes from half a second to several under load.
+        encodings = await asyncio.to_thread(warm_tokenizers)
+        log.info("tokenizers ready", extra={"encodings": encodings})
         client = make_client(config.upstream, transport)
         # Without a usable store the proxy still serves, uncompacted (proxy.health).
         own_store = store or open_store_or_degraded(config.store.url)

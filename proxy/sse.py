@@ -53,3 +53,31 @@ def event_json(event: bytes) -> Any:
 def is_usage_only(obj: Any) -> bool:
     """The final chunk that ``stream_options.include_usage`` adds: usage and no choices."""
     return isinstance(obj, dict) and obj.get("usage") is not None and not obj.get("choices")
+
+
+# The events after which a stream has nothing more to say: chat completions' ``[DONE]``,
+# Anthropic's ``message_stop``, the Responses API's final response events.
+_TERMINAL_TYPES = frozenset(
+    {
+        b"message_stop",
+        b"response.completed",
+        b"response.failed",
+        b"response.incomplete",
+    }
+)
+
+
+def is_terminal(event: bytes) -> bool:
+    """Whether ``event`` ends its stream (pure; looks at the ``event:``/``data:`` lines)."""
+    if b"[DONE]" not in event and not any(kind in event for kind in _TERMINAL_TYPES):
+        return False  # the common case, decided without parsing
+    for line in event.split(b"\n"):
+        if line.startswith(b"data:") and line[5:].strip() == b"[DONE]":
+            return True
+        if line.startswith(b"event:") and line[6:].strip() in _TERMINAL_TYPES:
+            return True
+    if b'"type"' in event:
+        obj = event_json(event)
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        return isinstance(kind, str) and kind.encode() in _TERMINAL_TYPES
+    return False

@@ -117,11 +117,13 @@ def breakpoints(
     head_len: int,
     summary_index: int | None,
     can_mark: Sequence[bool] | None = None,
+    limit: int = MAX_BREAKPOINTS,
 ) -> list[int]:
     """Message indices to mark: the head's end, the summary, and the ends of stable runs.
 
     ``can_mark[i]`` says whether message i can carry a mark (a tool-call turn with no text
-    cannot); a run's mark goes on its last message that can.
+    cannot); a run's mark goes on its last message that can. At most ``limit`` marks (the
+    provider's 4 minus the client's own marks elsewhere in the request).
     """
     can_mark = can_mark if can_mark is not None else [True] * len(levels)
     marks: list[int] = []
@@ -136,8 +138,9 @@ def breakpoints(
         if end is not None:
             marks.append(end)
     unique = sorted(set(marks))
-    # Never more than 4: keep the latest ones, which cover the longest prefixes.
-    return unique[-MAX_BREAKPOINTS:]
+    # Never more than the limit: keep the latest ones, which cover the longest prefixes.
+    limit = max(0, min(limit, MAX_BREAKPOINTS))
+    return unique[-limit:] if limit else []
 
 
 def has_cache_marks(messages: Sequence[Message]) -> bool:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import orjson
 
 from .errors import BadRequest
-from .messages import Message
+from .messages import SUMMARY_PREFIX, Message, text_of
 from .validation import validate_chat
 
 View = list[Message]
@@ -35,6 +35,9 @@ class Surface:
     error_body: Callable[[str, str, str | None], dict[str, Any]]
     # Requests that carry no full history (server-side state): forwarded untouched.
     stateful: Callable[[dict[str, Any]], bool] = lambda body: False
+    # Cache breakpoints the client placed outside the view (Anthropic ``tools``): they count
+    # towards the provider's limit of 4 before the proxy adds any of its own.
+    outside_cache_marks: Callable[[dict[str, Any]], int] = lambda body: 0
 
 
 def openai_error(message: str, type_: str, code: str | None) -> dict[str, Any]:
@@ -85,7 +88,9 @@ OPENAI_CHAT = Surface(
 
 # ---- Anthropic /v1/messages ----------------------------------------------------------------
 
-_ANTHROPIC_ROLES = frozenset({"user", "assistant"})
+# ``system`` inside ``messages``: Claude Code sends one mid-conversation; it is forwarded in
+# place (it is never a cut point: only user turns are).
+_ANTHROPIC_ROLES = frozenset({"user", "assistant", "system"})
 
 
 def validate_messages(body: dict[str, Any]) -> None:
@@ -108,7 +113,7 @@ def validate_messages(body: dict[str, Any]) -> None:
         if not isinstance(m, dict):
             raise BadRequest(f"{where} must be an object")
         if m.get("role") not in _ANTHROPIC_ROLES:
-            raise BadRequest(f"{where}.role must be 'user' or 'assistant'")
+            raise BadRequest(f"{where}.role must be 'user', 'assistant' or 'system'")
         content = m.get("content")
         if not isinstance(content, str | list):
             raise BadRequest(f"{where}.content must be a string or an array of blocks")
@@ -127,13 +132,56 @@ def _messages_to_view(body: dict[str, Any]) -> View:
     return view
 
 
+def _blocks_of(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return list(content) if isinstance(content, list) else []
+
+
+def _is_summary(message: Message) -> bool:
+    """Our summary turn: a user turn of one text block (or a string) with our header."""
+    content = message.get("content")
+    one_block = isinstance(content, str) or (isinstance(content, list) and len(content) == 1)
+    return (
+        message.get("role") == "user" and one_block and text_of(message).startswith(SUMMARY_PREFIX)
+    )
+
+
+def join_summary(messages: View) -> View:
+    """The summary joins the first kept user turn as its first text block.
+
+    The Messages API wants user and assistant turns to alternate; a summary turn of its own
+    followed by the kept user turn would be two user turns the client never sent. Pure and
+    deterministic, so the forwarded bytes stay the same from one request to the next (the
+    summary block keeps its cache mark, so the cached prefix still ends after it).
+    """
+    at = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
+    if at is None or at + 1 >= len(messages) or not _is_summary(messages[at]):
+        return messages
+    kept = messages[at + 1]
+    if kept.get("role") != "user":
+        return messages
+    merged = {**kept, "content": _blocks_of(messages[at]["content"]) + _blocks_of(kept["content"])}
+    return [*messages[:at], merged, *messages[at + 2 :]]
+
+
 def _messages_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
     out = dict(body)
     if body.get("system"):
         out["system"] = view[0]["content"]
         view = view[1:]
-    out["messages"] = view
+    out["messages"] = join_summary(view)
     return out
+
+
+def count_cache_marks(value: Any) -> int:
+    """``cache_control`` marks anywhere inside ``value`` (tool definitions, blocks)."""
+    if isinstance(value, dict):
+        own = 1 if value.get("cache_control") is not None else 0
+        return own + sum(count_cache_marks(v) for k, v in value.items() if k != "cache_control")
+    if isinstance(value, list):
+        return sum(count_cache_marks(v) for v in value)
+    return 0
 
 
 ANTHROPIC_MESSAGES = Surface(
@@ -142,11 +190,11 @@ ANTHROPIC_MESSAGES = Surface(
     validate=validate_messages,
     to_view=_messages_to_view,
     from_view=_messages_from_view,
-    # The Messages API has no system role inside ``messages``: the summary is a user turn
-    # (consecutive user turns are combined by the API).
+    # The summary is a user turn, joined to the first kept user turn on the way out.
     summary_role="user",
     stream_usage_option=False,
     error_body=anthropic_error,
+    outside_cache_marks=lambda body: count_cache_marks(body.get("tools")),
 )
 
 
@@ -192,7 +240,11 @@ def _item_view(item: dict[str, Any]) -> Message:
         output = item.get("output")
         text = output if isinstance(output, str) else orjson.dumps(output).decode()
         view = {"role": "tool", "tool_call_id": item.get("call_id"), "content": text}
-    else:  # reasoning, web search, computer calls...: opaque but meaningful
+    elif kind == "reasoning":
+        # Opaque (encrypted_content): carried as one block that is fingerprinted and counted
+        # but never rendered into a transcript (messages.OPAQUE_BLOCKS).
+        view = {"role": "assistant", "content": [item]}
+    else:  # web search, computer calls...: opaque but meaningful
         view = {"role": "assistant", "content": f"[{kind}] " + orjson.dumps(item).decode()}
     view[ITEM_KEY] = item
     return view

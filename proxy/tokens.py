@@ -300,3 +300,22 @@ class TokenCounter:
                 self._memo.clear()  # cheap and bounded; a cold start only costs a recount
             self._memo[memo_key] = n
         return n
+
+
+# The encodings start-up builds: OpenAI's current models and the Claude approximation.
+WARM_MODELS = ("gpt-4o", "gpt-4", "claude-sonnet-4-5")
+
+
+def warm_tokenizers(models: tuple[str, ...] = WARM_MODELS) -> list[str]:
+    """Build the encodings now, so that the first request does not pay for it; returns the
+    names of those built. Never raises: a tokenizer that cannot be built now is built (or
+    estimated) on first use instead, as before."""
+    built = []
+    for model in models:
+        try:
+            name, count = _text_counter(model)
+            count("warm up")
+            built.append(name)
+        except Exception:
+            logger.warning("could not build the tokenizer for %r at start-up", model)
+    return sorted(set(built))

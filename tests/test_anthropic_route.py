@@ -120,15 +120,19 @@ def test_messages_route_compacts_a_tool_using_conversation(tmp_path: Path, strea
         summaries = 0
         for client_msgs, body in zip(sent, forwarded, strict=True):
             assert _plain(body["system"]) == SYSTEM, "system prompt changed"
-            msgs = [{**m, "content": _plain(m["content"])} for m in body["messages"]]
-            if isinstance(msgs[0]["content"], str) and msgs[0]["content"].startswith(
+            msgs = [{**m, "content": _strip_marks(m["content"])} for m in body["messages"]]
+            first_blocks = msgs[0]["content"]
+            if isinstance(first_blocks, list) and first_blocks[0].get("text", "").startswith(
                 SUMMARY_PREFIX
             ):
+                # The summary is the first block of the first kept user turn (no turn of
+                # its own: user and assistant turns alternate).
                 summaries += 1
                 assert msgs[0]["role"] == "user"
-                tail = msgs[1:]
-            else:
-                tail = msgs
+                msgs[0] = {**msgs[0], "content": first_blocks[1:]}
+            tail = [{**m, "content": _plain(m["content"])} for m in msgs]
+            roles = [m["role"] for m in tail]
+            assert all(a != b for a, b in zip(roles, roles[1:], strict=False)), roles
             expected = [{**m, "content": _plain(m["content"])} for m in client_msgs]
             # Verbatim up to cache marks (and a one-block list vs its string, the same thing).
             assert tail == expected[len(expected) - len(tail) :], "recent turns not verbatim"
@@ -147,6 +151,7 @@ def test_messages_route_compacts_a_tool_using_conversation(tmp_path: Path, strea
         assert _tokens(SYSTEM, last_msgs) <= 0.4 * _tokens(SYSTEM, sent[-1])
         assert_facts_present(last_msgs)
         assert up.chat_requests("summarizer"), "the summarizer went through the chat route"
+        assert up.rejections == []
 
 
 def test_messages_route_errors_are_anthropic_shaped(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from proxy.fingerprint import (
     canonical_form,
     chain_root,
     conversation_id,
+    earlier_conversation_id,
     fingerprint,
     fingerprints,
     prefix_chain,
@@ -308,18 +309,40 @@ def test_conversation_id_from_header_wins() -> None:
     assert conversation_id(chain, msgs, "x" * 500) == "c:" + "x" * 200
 
 
-def test_conversation_id_from_chain_is_the_hash_through_the_first_user_message() -> None:
+def test_conversation_id_is_the_hash_through_the_first_reply() -> None:
     msgs = conversation()
     chain = prefix_chain("t", fingerprints(msgs))
     cid = conversation_id(chain, msgs)
-    assert cid == chain[2].hex()  # system + first user message
-    # Later turns do not change it; the first user message and the tenant do.
+    assert cid == chain[3].hex()  # system + first user message + first reply
+    assert earlier_conversation_id(chain, msgs) == chain[2].hex()
+    # Later turns do not change it; the first exchange and the tenant do.
     longer = [*msgs, {"role": "assistant", "content": "You're welcome."}]
     assert conversation_id(prefix_chain("t", fingerprints(longer)), longer) == cid
     edited = copy.deepcopy(msgs)
     edited[1]["content"] = "Read src/other.py please."
     assert conversation_id(prefix_chain("t", fingerprints(edited)), edited) != cid
     assert conversation_id(prefix_chain("u", fingerprints(msgs)), msgs) != cid
+
+
+def test_sessions_with_the_same_opening_separate_at_their_first_reply() -> None:
+    opening = conversation()[:2]
+    a = [*opening, {"role": "assistant", "content": "Reading it now (session A)."}]
+    b = [*opening, {"role": "assistant", "content": "On it (session B)."}]
+    ida = conversation_id(prefix_chain("t", fingerprints(a)), a)
+    idb = conversation_id(prefix_chain("t", fingerprints(b)), b)
+    assert ida != idb
+    # Before any reply both are the same history: one id, which each session's later
+    # requests know as their earlier id (where records of the first request live).
+    first = conversation_id(prefix_chain("t", fingerprints(opening)), opening)
+    assert earlier_conversation_id(prefix_chain("t", fingerprints(a)), a) == first
+    assert earlier_conversation_id(prefix_chain("t", fingerprints(b)), b) == first
+    assert earlier_conversation_id(prefix_chain("t", fingerprints(opening)), opening) is None
+    # An assistant greeting before the first user message does not name the session.
+    greeted = [{"role": "assistant", "content": "Hi!"}, *a[1:]]
+    gid = conversation_id(prefix_chain("t", fingerprints(greeted)), greeted)
+    assert gid == prefix_chain("t", fingerprints(greeted))[len(greeted)].hex()
+    # The client's id wins, and there is no earlier one then.
+    assert earlier_conversation_id(prefix_chain("t", fingerprints(a)), a, "mine") is None
 
 
 def test_conversation_id_without_a_user_message_uses_the_whole_chain() -> None:

@@ -32,6 +32,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from tests.strict import check_chat, check_messages, check_responses
+
 PURPOSE_HEADER = "x-compaction-purpose"
 MODEL_IDS = ("scripted-large", "scripted-small")
 DEFAULT_DETECTOR_REPLY = (
@@ -146,7 +148,14 @@ class ScriptedUpstream:
         cache_simulation: bool = True,
         slow_seconds: float = 30.0,
         host: str = "127.0.0.1",
+        strict: bool = True,
+        alternation: bool = True,
+        expect_rejections: bool = False,
     ) -> None:
+        """``strict``: answer 400, as the real provider would, to what it rejects (see
+        tests/strict.py) and record it in ``rejections``; leaving the ``with`` block then
+        fails the test unless ``expect_rejections``. ``alternation=False`` lets a test send
+        consecutive same-role Anthropic turns on purpose (the real API merges them)."""
         self.reply, self.detector, self.summarizer = reply, detector, summarizer
         self.count_tokens = count_tokens
         self.detector_mode, self.summarizer_mode = detector_mode, summarizer_mode
@@ -154,7 +163,10 @@ class ScriptedUpstream:
         self.cache_simulation = cache_simulation
         self.slow_seconds = slow_seconds
         self.host, self.port = host, 0
+        self.strict, self.alternation = strict, alternation
+        self.expect_rejections = expect_rejections
         self.requests: list[Recorded] = []
+        self.rejections: list[dict[str, Any]] = []
         self.cached_log: list[tuple[int, int]] = []
         self._history: deque[bytes] = deque(maxlen=64)
         self._lock = threading.Lock()
@@ -213,8 +225,10 @@ class ScriptedUpstream:
     def __enter__(self) -> ScriptedUpstream:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self.stop()
+        if exc_type is None and self.rejections and not self.expect_rejections:
+            raise AssertionError(f"the strict upstream rejected requests: {self.rejections}")
 
     # ------------------------------------------------------------------- records
     def chat_requests(self, purpose: str | None = None) -> list[Recorded]:
@@ -225,6 +239,7 @@ class ScriptedUpstream:
     def clear(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.rejections.clear()
             self.cached_log.clear()
             self._history.clear()
 
@@ -258,6 +273,18 @@ class ScriptedUpstream:
 
         return endpoint
 
+    def _rejected(self, rec: Recorded, reason: str | None, anthropic: bool = False
+                  ) -> Response | None:
+        """The provider's 400 for what it would reject, recorded; None when acceptable."""
+        if not self.strict or reason is None:
+            return None
+        with self._lock:
+            self.rejections.append({"path": rec.path, "purpose": rec.purpose, "reason": reason})
+        if anthropic:
+            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
+                                                            "message": reason}}, status_code=400)
+        return JSONResponse(error_body(400, reason), status_code=400)
+
     async def _sleep(self, seconds: float) -> None:
         # Sleep in slices so stop() never waits on (or has to cancel) a scripted delay.
         deadline = time.monotonic() + seconds
@@ -287,6 +314,8 @@ class ScriptedUpstream:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return JSONResponse(error_body(400, "'messages' is required"), status_code=400)
         messages = body["messages"]
+        if (rejected := self._rejected(rec, check_chat(body))) is not None:
+            return rejected
         if rec.purpose in ("detector", "summarizer"):
             mode = self.detector_mode if rec.purpose == "detector" else self.summarizer_mode
             if mode == "error500":
@@ -324,7 +353,10 @@ class ScriptedUpstream:
             delay = _float(rec.headers.get("x-test-stream-delay"))
             chunks = _stream_chunks(self._next_id(), model, message, finish,
                                     usage if include_usage else None)
-            return StreamingResponse(_sse(chunks, delay), media_type="text/event-stream")
+            # x-test-close-delay: keep the connection open that long after [DONE].
+            linger = _float(rec.headers.get("x-test-close-delay"))
+            return StreamingResponse(_sse(chunks, delay, linger, self._sleep),
+                                     media_type="text/event-stream")
         return JSONResponse({
             "id": self._next_id(), "object": "chat.completion", "created": int(time.time()),
             "model": model, "system_fingerprint": "fp_scripted",
@@ -339,6 +371,9 @@ class ScriptedUpstream:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
                                  "message": "messages: Field required"}}, status_code=400)
+        reason = check_messages(body, alternation=self.alternation)
+        if (rejected := self._rejected(rec, reason, anthropic=True)) is not None:
+            return rejected
         as_openai = [{"role": m.get("role"), "content": m.get("content")}
                      for m in body["messages"]]
         reply = self.reply({"messages": as_openai})
@@ -384,6 +419,8 @@ class ScriptedUpstream:
         body = rec.json
         if not isinstance(body, dict) or not isinstance(body.get("input"), str | list):
             return JSONResponse(error_body(400, "'input' is required"), status_code=400)
+        if (rejected := self._rejected(rec, check_responses(body))) is not None:
+            return rejected
         items = body["input"]
         items = [{"role": "user", "content": items}] if isinstance(items, str) else items
         as_chat = []
@@ -606,9 +643,11 @@ async def _responses_sse(response: dict):
     yield event({"type": "response.completed", "response": response})
 
 
-async def _sse(chunks: list[dict], delay: float):
+async def _sse(chunks: list[dict], delay: float, linger: float = 0.0, sleep=asyncio.sleep):
     for i, c in enumerate(chunks):
         if delay and i:
             await asyncio.sleep(delay)
         yield b"data: " + orjson.dumps(c) + b"\n\n"
     yield b"data: [DONE]\n\n"
+    if linger:
+        await sleep(linger)

@@ -1,0 +1,135 @@
+"""Pure pieces behind the agent fixes: summary joining, terminal events, opaque reasoning,
+the breakpoint budget and the ledger row of a session's first request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+
+from proxy import ledger
+from proxy.messages import render, transcript
+from proxy.records import conv_key
+from proxy.sse import is_terminal
+from proxy.stability import breakpoints
+from proxy.store import DiskStore, get_list
+from proxy.surfaces import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, join_summary
+from proxy.tokens import TokenCounter
+
+SUMMARY = "[History Summary - 4 earlier messages]\n\nWe fixed the parser."
+MARK = {"type": "ephemeral"}
+
+
+def test_the_summary_joins_the_first_kept_user_turn() -> None:
+    kept = {"role": "user", "content": "next step"}
+    reply = {"role": "assistant", "content": "ok"}
+    joined = join_summary([{"role": "user", "content": SUMMARY}, kept, reply])
+    assert joined == [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": SUMMARY}, {"type": "text", "text": "next step"}],
+        },
+        reply,
+    ]
+    # A marked summary keeps its mark; list content keeps its blocks; the same input gives
+    # the same bytes.
+    marked = {"role": "user", "content": [{"type": "text", "text": SUMMARY, "cache_control": MARK}]}
+    image = {"role": "user", "content": [{"type": "image", "source": {}}]}
+    once = join_summary([{"role": "system", "content": "s"}, marked, image])
+    assert once[1]["content"] == [marked["content"][0], image["content"][0]]
+    again = join_summary([{"role": "system", "content": "s"}, marked, image])
+    assert orjson.dumps(once) == orjson.dumps(again)
+    # Nothing to join: no summary, or the client's own text.
+    plain = [kept, reply]
+    assert join_summary(plain) == plain
+
+
+def test_messages_surface_round_trip_with_a_summary() -> None:
+    body = {"model": "claude", "max_tokens": 5, "system": "sys", "messages": []}
+    view = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": SUMMARY},
+        {"role": "user", "content": "go on"},
+        {"role": "system", "content": "reminder"},
+    ]
+    out = ANTHROPIC_MESSAGES.from_view(body, view)
+    assert out["system"] == "sys"
+    assert [m["role"] for m in out["messages"]] == ["user", "system"]
+    ANTHROPIC_MESSAGES.validate({**body, "messages": out["messages"]})  # system role accepted
+    tools = [{"name": "a"}, {"name": "b", "cache_control": MARK}]
+    assert ANTHROPIC_MESSAGES.outside_cache_marks({"tools": tools}) == 1
+
+
+def test_terminal_events() -> None:
+    assert is_terminal(b"data: [DONE]\n\n")
+    assert is_terminal(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
+    assert is_terminal(b'data: {"type":"message_stop"}\n\n')
+    assert is_terminal(b'event: response.completed\ndata: {"type":"response.completed"}\n\n')
+    assert is_terminal(b'event: response.incomplete\ndata: {}\n\n')
+    assert is_terminal(b'event: response.failed\ndata: {}\n\n')
+    assert not is_terminal(b'data: {"choices":[{"delta":{"content":"[DONE] soon"}}]}\n\n')
+    assert not is_terminal(b'event: message_delta\ndata: {"type":"message_delta"}\n\n')
+    assert not is_terminal(b'data: {"type":"response.output_text.delta","delta":"x"}\n\n')
+
+
+def test_reasoning_is_never_rendered() -> None:
+    secret = "gAAAAABsecretsecretsecret"
+    body = {
+        "model": "gpt-5",
+        "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "reasoning", "id": "rs_abc123", "summary": [], "encrypted_content": secret},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text",
+                                                                  "text": "hello"}]},
+        ],
+    }  # fmt: skip
+    view = OPENAI_RESPONSES.to_view(body)
+    text = transcript(view)
+    assert secret not in text and "rs_abc123" not in text and "hello" in text
+    thinking = {
+        "role": "assistant",
+        "content": [{"type": "thinking", "thinking": "private plan", "signature": secret}],
+    }
+    assert "private plan" not in render(thinking) and secret not in render(thinking)
+    # The view forwards the item itself, byte for byte.
+    assert OPENAI_RESPONSES.from_view(body, view)["input"] == body["input"]
+    # Counted as one token per 4 bytes of its JSON.
+    part = view[1]["content"][0]
+    n = TokenCounter().count_message(view[1], "gpt-5")
+    assert n >= len(orjson.dumps(part)) // 4
+
+
+def test_breakpoints_leave_room_for_the_clients_marks() -> None:
+    levels = [3, 3, 3, 2, 2, 1, 1, 0]
+    assert len(breakpoints(levels, 1, None)) <= 4
+    assert len(breakpoints(levels, 1, 2, limit=3)) == 3
+    assert breakpoints(levels, 1, 2, limit=0) == []
+
+
+def _entry(conv: str, earlier: str | None = None, ts: float = 1.0) -> ledger.RequestEntry:
+    return ledger.RequestEntry(
+        ts=ts, tenant="t", conversation=conv, model="gpt-4o", route="chat.completions",
+        case="none", status=200, original_messages=2, forwarded_messages=2,
+        original_tokens=100, forwarded_tokens=100, prompt_tokens=100, cached_tokens=0,
+        cache_write_tokens=0, completion_tokens=5, latency_s=0.1, overhead_s=0.001,
+        earlier_conversation=earlier,
+    )  # fmt: skip
+
+
+def test_the_first_requests_ledger_row_joins_the_session(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path)
+    ledger.record_batch(store, [(_entry("first"), None)], None)
+    # A compaction charged to the session's id before its second request landed.
+    ledger.record_compaction(
+        store, "t", "session", record="h", case="summarize", llm_tokens=50, llm_usd=0.1,
+        retention_s=None,
+    )  # fmt: skip
+    ledger.record_batch(store, [(_entry("session", "first", 2.0), None)], None)
+    meta = store.get(conv_key("conv", "t", "session"))
+    assert meta["requests"] == 2 and meta["compactions"] == 1 and meta["llm_tokens"] == 50
+    assert len(get_list(store, conv_key("req", "t", "session"))) == 2
+    assert store.get(conv_key("conv", "t", "first")) is None
+    # A later request of the session changes nothing more.
+    ledger.record_batch(store, [(_entry("session", "first", 3.0), None)], None)
+    assert store.get(conv_key("conv", "t", "session"))["requests"] == 3
+    store.close()
