@@ -216,8 +216,12 @@ def test_thinking_blocks_stay_opaque(tmp_path: Path) -> None:
     assert up.rejections == []
 
 
+ADMIN = {"token": "admin-token-for-tests"}
+
+
 def _metric(root: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{root}/metrics", timeout=10).text
+    auth = {"authorization": f"Bearer {ADMIN['token']}"}
+    text = httpx.get(f"{root}/metrics", headers=auth, timeout=10).text
     total = 0.0
     for line in text.splitlines():
         if not line.startswith(name + "{"):
@@ -247,7 +251,7 @@ def test_a_stream_is_complete_at_its_terminal_event(tmp_path: Path) -> None:
     history.append({"role": "user", "content": "What next?"})
     with (
         ScriptedUpstream() as up,
-        ProxyProcess(tmp_path, up.base_url, compaction=LOW_TRIGGER) as px,
+        ProxyProcess(tmp_path, up.base_url, compaction=LOW_TRIGGER, admin=ADMIN) as px,
     ):
         client = openai.OpenAI(base_url=px.base_url, api_key="sk-test", max_retries=0)
         stream = client.chat.completions.create(
@@ -341,7 +345,7 @@ def test_the_first_requests_records_follow_the_session(tmp_path: Path) -> None:
 
 
 def test_the_proxys_own_4xx_are_logged_counted_and_not_retried(tmp_path: Path) -> None:
-    with ScriptedUpstream() as up, ProxyProcess(tmp_path, up.base_url) as px:
+    with ScriptedUpstream() as up, ProxyProcess(tmp_path, up.base_url, admin=ADMIN) as px:
         secret = "do-not-log-this-content"
         bad = httpx.post(
             f"{px.base_url}/chat/completions",
