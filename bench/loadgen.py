@@ -9,8 +9,9 @@ back to back (a new request as soon as the previous response has been read to it
 byte, streamed or not). Requests started during ``--warmup`` seconds are not measured;
 measuring stops after ``--duration`` seconds or ``--max-requests`` measured requests,
 whichever comes first, but never before ``--min-requests`` measured requests have started:
-on a busy machine a short window could otherwise measure nothing and report no figure. Prints one JSON object: request count, errors, status counts,
-latency percentiles (ms), requests per second and the generator's own CPU seconds.
+on a busy machine a short window could otherwise measure nothing and report no figure.
+Prints one JSON object: request count, errors, status counts, latency percentiles (ms),
+requests per second and the generator's own CPU seconds.
 
 It speaks raw HTTP/1.1 through ``httptools`` (uvloop when installed) rather than httpx: on a
 2-core machine the generator shares the CPUs with the server under test, and an httpx client

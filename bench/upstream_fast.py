@@ -31,7 +31,7 @@ USAGE = {
 }
 
 
-def _completion() -> bytes:
+def _completion(text: str = REPLY_TEXT) -> bytes:
     return orjson.dumps(
         {
             "id": "chatcmpl-bench",
@@ -42,7 +42,7 @@ def _completion() -> bytes:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": REPLY_TEXT},
+                    "message": {"role": "assistant", "content": text},
                     "logprobs": None,
                     "finish_reason": "stop",
                 }
@@ -102,8 +102,31 @@ def _stream_asked(body: bytes) -> tuple[bool, bool]:
     return stream, usage
 
 
+# The proxy's summarizer request carries its transcript under this heading; only those
+# requests are parsed (while seeding records), never the measured ones.
+SUMMARIZER_MARK = b"TRANSCRIPT ("
+
+
+def summary_of(body: bytes) -> str:
+    """A summary the proxy's checks accept: the transcript's lines that carry identifiers
+    (a digit or a path), as a careful summarizer would keep them, ending with a sentence."""
+    try:
+        messages = orjson.loads(body)["messages"]
+        transcript = str(messages[-1]["content"])
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return REPLY_TEXT
+    lines = [line.split(": ", 1)[-1].strip() for line in transcript.splitlines()[1:]]
+    kept = [line for line in lines if any(c.isdigit() for c in line) or "/" in line]
+    text = " ".join(kept)[:1200].rsplit(" ", 1)[0]
+    return f"The conversation so far covered these points: {text}."
+
+
 def response_for(method: bytes, url: bytes, body: bytes, keep_alive: bool) -> bytes:
     path = url.split(b"?", 1)[0].rstrip(b"/")
+    if method == b"POST" and path.endswith(b"/chat/completions") and SUMMARIZER_MARK in body:
+        summary = _completion(summary_of(body))
+        length = b"content-length: %d\r\n" % len(summary)
+        return _head("200 OK", b"application/json", length, keep_alive) + summary
     if method == b"POST" and path.endswith(b"/chat/completions"):
         stream, usage = _stream_asked(body)
         if stream:
