@@ -43,7 +43,7 @@ COMPACTION = {
     "summary_budget_tokens": 128,
     "min_verbatim_exchanges": 2,
     "mode": "inline",
-    "emergency_factor": 2.5,
+    "emergency_factor": 1.5,
     "llm_timeout_s": 300,
     "detector_window_messages": 10,
     "detector_chars_per_message": 200,

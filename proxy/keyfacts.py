@@ -10,6 +10,7 @@ the forwarded context holds is appended, most identifying first, as one bounded
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -55,6 +56,8 @@ _SPEC: list[tuple[str, float, str]] = [
         r"(?<![\w/.-])[A-Z][A-Z0-9]{1,9}(?:-[A-Z0-9]+)+(?![\w-])",
     ),
     ("ticket", 7, r"(?<![\w&#])#\d{2,7}\b"),
+    # Tracking numbers, serials, license keys: upper-case letters and digits mixed.
+    ("id", 8, r"\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{8,}\b"),
     (
         "amount",
         9,
@@ -101,9 +104,13 @@ _SPEC: list[tuple[str, float, str]] = [
     ),
     ("constant", 7, r"\b[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+\b"),
     ("quantity", 6, r"\b(?:port|line|PR|pid)\s\d+\b"),
-    ("quantity", 6, r"(?<![\w.,\-/:])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:\s?[A-Za-z]+(?:/[A-Za-z]+)?)?"),
-    ("quantity", 6, r"(?<![\w.,\-/:])\d+(?:\.\d+)?\s?%"),
-    ("quantity", 6, r"(?<![\w.,\-/:])\d+(?:\.\d+)?\s?[A-Za-zµ°]+(?:/[A-Za-z]+)?\b"),
+    (
+        "quantity",
+        6,
+        r"(?<![\w.,\-/:$€£¥])\d{1,3}(?:,\d{3})+(?:\.\d+)?(?:\s?[A-Za-z]+(?:/[A-Za-z]+)?)?",
+    ),
+    ("quantity", 6, r"(?<![\w.,\-/:$€£¥])\d+(?:\.\d+)?\s?%"),
+    ("quantity", 6, r"(?<![\w.,\-/:$€£¥])\d+(?:\.\d+)?\s?[A-Za-zµ°]+(?:/[A-Za-z]+)?\b"),
     ("name", 6, r"\b(?:name is|named|called|I'm|I am|this is|ask|contact)\s+([A-Z][a-z]+)\b"),
     ("name", 6, r"\b[A-Z][a-z]+(?:[ ][A-Z][a-zA-Z0-9]+)+\b"),
     ("symbol", 5, r"\b[A-Za-z_]\w*\(\)"),
@@ -130,6 +137,7 @@ _NOT_NAMES = frozenset(
     "Before Note Use Run See Check Added Fixed Updated Key Summary User Assistant Tool Result "
     "Earlier History Monday Tuesday Wednesday Thursday Friday Saturday Sunday".split()
 )
+_LOG_PREFIX_RE = re.compile(r"\s*(?:[A-Z][A-Z ]*(?: \([^)]*\))?:\s*)?[\[(]?\s*")
 _COMMAND_END_RE = re.compile(r"\s(?:then|and|to|so|because|which|but|if)\s")
 _TOOL_ID_RE = re.compile(r"^(?:call|toolu|fc|rs|msg|resp|item|chatcmpl)_[A-Za-z0-9_-]+$")
 _BLOB_RE = re.compile(r"[A-Za-z0-9+/=_-]{40,}")
@@ -172,10 +180,11 @@ def _is_progress(text: str, start: int, end: int) -> bool:
 
 
 def _is_log_timestamp(text: str, start: int, fact: str) -> bool:
-    """A date-time with seconds, or a bare time, that opens a log line."""
+    """A date-time with seconds, or a bare time, that opens a log line (perhaps right after
+    the transcript's ``TOOL RESULT (call_1):`` label)."""
     if not re.search(r"\d:\d{2}:\d{2}|^\d{1,2}:\d{2}:\d{2}", fact):
         return False
-    return _line_prefix(text, start).strip() in ("", "[", "(")
+    return _LOG_PREFIX_RE.fullmatch(_line_prefix(text, start)) is not None
 
 
 def _clean(kind: str, fact: str) -> str:
@@ -258,9 +267,27 @@ def facts_in(text: str, limit: int = 500) -> list[Fact]:
                 continue
             digits = 0.5 if any(c.isdigit() for c in fact) else 0.0
             found[fact] = Fact(fact, kind, weight + digits, start)
-    # No bonus for repetition: in agent sessions the most repeated strings are the paths a
-    # tool keeps touching, not the facts a user stated once.
-    return list(found.values())
+    # A fact whose form many other facts share (src/queue_1.py, src/queue_2.py, ...) is a
+    # routine artifact of tools and logs; a one-off form identifies something. No bonus for
+    # repetition either: what a tool keeps touching is not what a user said once.
+    shapes: dict[str, int] = {}
+    for fact in found.values():
+        shapes[_shape(fact.text)] = shapes.get(_shape(fact.text), 0) + 1
+    return [
+        Fact(f.text, f.kind, f.score - 0.75 * math.log2(shapes[_shape(f.text)]), f.first)
+        if f.kind not in _SHAPELESS
+        else f
+        for f in found.values()
+    ]
+
+
+# Every name or decision has the same coarse form: their form says nothing about them.
+_SHAPELESS = frozenset({"name", "decision", "command"})
+
+
+def _shape(fact: str) -> str:
+    """``src/queue_1.py`` -> ``a/a_#.a``: what facts of one routine form have in common."""
+    return re.sub(r"[A-Z]+", "A", re.sub(r"[a-z]+", "a", re.sub(r"\d+", "#", fact)))
 
 
 def extract_key_facts(text: str, limit: int = 500) -> list[str]:

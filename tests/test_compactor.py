@@ -731,3 +731,51 @@ async def test_a_compaction_that_saves_nothing_cools_down(
     calls = len(llm.calls)
     await prepare(c, msgs + [{"role": "user", "content": "and now?"}])
     assert len(llm.calls) == calls
+
+
+# ---- #12: soft and hard failures, the loss report ------------------------------------------
+
+
+async def test_a_rejected_summary_cools_down_briefly_a_failing_model_fully(
+    make: MakeCompactor,
+) -> None:
+    soft = FakeLLM(summarizer="USER: hello\nASSISTANT: invented turn")
+    c = make(soft, mode="inline", cooldown_s=300, soft_cooldown_s=0.2)
+    msgs = conversation(14)
+    p = await prepare(c, msgs)
+    [event] = store_events(c, p)
+    assert event["case"] == "failed" and event["soft"] is True
+    assert event["error"] == "summary check failed: summary invents a transcript"
+    await asyncio.sleep(0.4)  # the short cooldown is over: the next request tries again
+    await prepare(c, msgs)
+    assert len(soft.of("summarizer")) == 2
+
+    hard = FakeLLM(summarizer=CompactionFailed)
+    c2 = make(hard, mode="inline", cooldown_s=300, soft_cooldown_s=0.2)
+    p2 = await prepare(c2, msgs, tenant="hard")
+    assert store_events(c2, p2)[-1]["soft"] is False
+    await asyncio.sleep(0.4)
+    await prepare(c2, msgs, tenant="hard")
+    assert len(hard.of("summarizer")) == 1  # still cooling down
+
+
+async def test_the_loss_report_matches_the_forwarded_text(make: MakeCompactor) -> None:
+    llm = FakeLLM(summarizer="The parser and the invoice ledger were reviewed for the deploy.")
+    c = make(llm, mode="inline", key_references_max_chars=12)
+    msgs = conversation(14)
+    msgs[1] = {
+        **msgs[1],
+        "content": msgs[1]["content"] + " Ticket KB-7734-BLK, host db-eu-west-7.internal.",
+    }
+    p = await prepare(c, msgs)
+    assert p.compacted_now and p.record is not None
+    text = "\n".join(str(m.get("content")) for m in p.forwarded) + json.dumps(p.forwarded)
+    r = p.record
+    assert r.facts_dropped, "12 characters of key references cannot hold every fact"
+    for fact in r.facts_dropped:
+        assert fact not in text
+    for fact in [*r.facts_kept, *r.facts_appended, *r.facts_elsewhere]:
+        assert fact in text
+    [event] = store_events(c, p)
+    assert event["facts_dropped"] == len(r.facts_dropped)
+    assert event["facts_kept"] == len(r.facts_kept) + len(r.facts_appended) + len(r.facts_elsewhere)

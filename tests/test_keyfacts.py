@@ -234,3 +234,20 @@ def test_a_300_turn_test_log_does_not_crowd_out_planted_facts() -> None:
     span = f"USER: the refund ticket is PAY-48213 on host db-eu-west-7.internal\n{noise}"
     _, report = guard(span, "Tests ran.", max_chars=600)
     assert "PAY-48213" in report.appended and "db-eu-west-7.internal" in report.appended
+
+
+def test_a_tracking_number_is_a_fact_and_an_amount_is_not_cut_into_a_quantity() -> None:
+    facts = extract_key_facts("tracking 1Z999AA10123456784, charged $1,249.90 twice")
+    assert "1Z999AA10123456784" in facts and "$1,249.90" in facts
+    assert not any("twice" in f for f in facts)
+
+
+def test_a_log_timestamp_after_a_tool_result_label_is_noise() -> None:
+    text = "TOOL RESULT (call_1): 2025-01-01 10:00:07,120 INFO run started"
+    assert extract_key_facts(text) == []
+
+
+def test_facts_of_one_routine_form_rank_below_one_off_facts() -> None:
+    routine = " ".join(f"read src/queue_{i}.py" for i in range(12))
+    order = [f.text for f in ranked(facts_in(f"{routine} and the config is /etc/billing.yaml"))]
+    assert order[0] == "/etc/billing.yaml"

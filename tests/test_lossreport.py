@@ -47,3 +47,20 @@ def test_reasoning_items_are_never_mined() -> None:
     }
     text = facts_text([{"role": "user", "content": "ticket OPS-1234"}, reasoning])
     assert "OPS-1234" in text and "OPS-9999" not in text
+
+
+def test_metrics_and_stats_count_facts_kept_and_dropped() -> None:
+    from proxy.metrics import Metrics
+    from proxy.stats_cli import render
+
+    m = Metrics()
+    m.observe_event({"case": "summarize", "duration_s": 1.0, "facts_kept": 7, "facts_dropped": 2})
+    body = m.render()[0].decode()
+    assert 'compaction_proxy_facts_kept_total{case="summarize"} 7.0' in body
+    assert 'compaction_proxy_facts_dropped_total{case="summarize"} 2.0' in body
+    totals = {
+        "requests": 1, "original_tokens": 10, "forwarded_tokens": 5, "saved_tokens": 5,
+        "saved_pct": 50.0, "saved_usd": 0.0, "cache_hit_rate": 0.0, "errors": 0,
+        "facts_kept": 7, "facts_dropped": 2,
+    }  # fmt: skip
+    assert "key facts kept / dropped  7 / 2" in render(totals, [], "diskcache://x")
