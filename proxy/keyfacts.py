@@ -271,8 +271,8 @@ def facts_in(text: str, limit: int = 500) -> list[Fact]:
     # routine artifact of tools and logs; a one-off form identifies something. No bonus for
     # repetition either: what a tool keeps touching is not what a user said once.
     shapes: dict[str, int] = {}
-    for fact in found.values():
-        shapes[_shape(fact.text)] = shapes.get(_shape(fact.text), 0) + 1
+    for known in found.values():
+        shapes[_shape(known.text)] = shapes.get(_shape(known.text), 0) + 1
     return [
         Fact(f.text, f.kind, f.score - 0.75 * math.log2(shapes[_shape(f.text)]), f.first)
         if f.kind not in _SHAPELESS
