@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,8 +18,11 @@ import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.upstream import message_text
 
 AGENTS_DIR = Path(__file__).parent / "agents"
 BINARIES = {"claude": "@anthropic-ai/claude-code", "codex": "@openai/codex"}
@@ -134,3 +138,16 @@ def run_agent(
             f"{Path(args[0]).name} did not finish in {timeout:.0f} s:\n{out[-2000:]}\n{err[-3000:]}"
         ) from None
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def summarize_in_prose(request_json: dict[str, Any]) -> str:
+    """A scripted summarizer that writes a short prose memory from the transcript's own words
+    (the proxy refuses summaries that are off-topic or shaped like a transcript)."""
+    users = [m for m in request_json.get("messages") or [] if m.get("role") == "user"]
+    transcript = message_text(users[-1]) if users else ""
+    words: list[str] = []
+    for word in re.findall(r"\b[a-z][a-z-]{3,}\b", transcript):  # lower case: no markers, ids
+        if word not in words:
+            words.append(word)
+    subject = ", ".join(words[:30]) or "the project"
+    return f"So far the work covered {subject}. The assistant answered every request."

@@ -405,7 +405,7 @@ class ScriptedUpstream:
         return StreamingResponse(_anthropic_sse(message), media_type="text/event-stream")
 
     async def _count_tokens(self, request: Request, rec: Recorded) -> Response:
-        """Anthropic's /v1/messages/count_tokens (Claude Code asks it before large requests)."""
+        """Anthropic's /v1/messages/count_tokens, counted like the prompt of a request."""
         body = rec.json if isinstance(rec.json, dict) else {}
         if not isinstance(body.get("messages"), list):
             return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
