@@ -152,13 +152,18 @@ class LiteLLMRouterLLM:
         }
         router = self._router if self._router is not None else _proxy_router()
         try:
-            if router is not None and _routable(router, model):
-                response = await router.acompletion(**request)
-            else:
-                import litellm
+            # The whole call within timeout_s: LiteLLM's own timeout bounds each read, so a
+            # provider dripping bytes would otherwise hold an inline request for ever.
+            async with asyncio.timeout(self._timeout):
+                if router is not None and _routable(router, model):
+                    response = await router.acompletion(**request)
+                else:
+                    import litellm
 
-                response = await litellm.acompletion(**request)
+                    response = await litellm.acompletion(**request)
             body = response.model_dump() if hasattr(response, "model_dump") else response
+        except TimeoutError as exc:
+            raise CompactionFailed(f"{purpose} timed out after {self._timeout:g} s") from exc
         except Exception as exc:  # LiteLLM raises many provider-specific types
             raise CompactionFailed(f"{purpose} call through LiteLLM failed: {exc!r}"[:300]) from exc
         if not isinstance(body, dict):

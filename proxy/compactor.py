@@ -147,6 +147,10 @@ class Compactor:
             settings.tier_l1_requests, settings.tier_l2_requests, settings.tier_l3_requests
         )
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
+        # Locks this process took but could not release (the store was down): released as
+        # soon as the store answers again, so a restarted Redis that kept them (AOF) does not
+        # hold those conversations until the locks' TTL.
+        self._orphan_locks: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
         self._recent_stability: dict[tuple[str, str], StabilityState] = {}
         # Ledger entries and the stability tracker are written in batches, off the hot path.
@@ -511,10 +515,20 @@ class Compactor:
             future.set_result(outcome)
         return outcome
 
+    async def _release_orphans(self) -> None:
+        for orphan, stamp in list(self._orphan_locks.items()):
+            # StoreError: still down, keep it. Only our own lock: once expired, another
+            # worker may hold that conversation's lock by now.
+            if await self._io(self.store.get, orphan) == stamp:
+                await self._io(self.store.delete, orphan)
+            self._orphan_locks.pop(orphan, None)
+
     async def _compact_locked(self, prepared: Prepared, key: str, inline: bool) -> Outcome:
         ttl = self.settings.llm_timeout_s * 2 + 30
         try:
-            acquired = await self._io(self.store.add, key, time.time(), ttl)
+            await self._release_orphans()
+            stamp = time.time()
+            acquired = await self._io(self.store.add, key, stamp, ttl)
         except StoreError as exc:
             log.warning("store unavailable for the compaction lock", extra={"error": str(exc)})
             return Outcome("none", None, "store unavailable", failed=True)
@@ -544,7 +558,7 @@ class Compactor:
             try:
                 await self._io(self.store.delete, key)
             except StoreError:
-                pass  # the lock expires by its TTL
+                self._orphan_locks[key] = stamp  # released once the store answers again
 
     async def _reuse(self, prepared: Prepared) -> Outcome:
         """After waiting for a concurrent compaction: its record, if it matches this history."""
