@@ -44,7 +44,7 @@ from .records import (
 from .settings import CompactionSettings
 from .stability import StabilityState, TierThresholds
 from .store import Store, get_list
-from .tokens import TokenCounter
+from .tokens import TOKENS_PER_MESSAGE, TokenCounter
 from .writer import BatchWriter
 
 log = logging.getLogger("compaction_proxy.compactor")
@@ -104,6 +104,7 @@ class Prepared:
     # The id this session had before its first reply (see fingerprint.conversation_id).
     earlier_conversation: str | None = None
     outside_cache_marks: int = 0  # the client's cache marks outside the messages
+    summary_joins: bool = False  # the summary is forwarded inside the next user turn
 
     @property
     def changed(self) -> bool:
@@ -238,6 +239,7 @@ class Compactor:
         controls: Controls | None = None,
         offload: bool = False,
         outside_cache_marks: int = 0,
+        summary_joins: bool = False,
     ) -> Prepared:
         """Identify, substitute, count and decide; compact inline when the decision says so.
 
@@ -245,7 +247,8 @@ class Compactor:
         measured (shadow) or must pass as sent; ``bypass`` is the short form of the latter.
         ``outside_cache_marks``: cache breakpoints the client placed outside ``messages``
         (Anthropic tool definitions); the proxy's own marks stay within the provider's limit
-        together with them.
+        together with them. ``summary_joins``: the surface forwards the summary as the first
+        block of the next user turn (Anthropic), so it is counted without message framing.
         """
         if controls is None:
             controls = Controls("bypassed by x-compaction: off", "off") if bypass else Controls()
@@ -282,6 +285,7 @@ class Compactor:
             conversation,
             record,
             original_tokens,
+            summary_joins,
         )
         prepared.summary_role = summary_role or self.settings.summary_role
         prepared.llm_model = llm_model or model
@@ -404,6 +408,7 @@ class Compactor:
         conversation: str,
         record: CompactionRecord | None,
         original_tokens: int,
+        summary_joins: bool = False,
     ) -> Prepared:
         if record is None:
             forwarded, fwd_counts = list(messages), list(counts)
@@ -411,9 +416,7 @@ class Compactor:
             forwarded = substitute(messages, record)
             fwd_counts = list(counts[: record.head_len])
             if record.summary is not None:
-                fwd_counts.append(
-                    self.counter.count_message(record.summary, model, fingerprint(record.summary))
-                )
+                fwd_counts.append(self._summary_tokens(record.summary, model, summary_joins))
             fwd_counts.extend(counts[record.k :])
         return Prepared(
             tenant=tenant,
@@ -430,7 +433,17 @@ class Compactor:
             record=record,
             decision=planner.Decision("forward", "not decided"),
             case=record.case if record else "none",
+            summary_joins=summary_joins,
         )
+
+    def _summary_tokens(self, summary: Message, model: str, joins: bool) -> int:
+        """What the summary costs as forwarded: a message of its own, or (``joins``) one
+        text block of the next user turn, without the framing and role of a message."""
+        n = self.counter.count_message(summary, model, fingerprint(summary))
+        if joins:
+            role = str(summary.get("role", ""))
+            n -= TOKENS_PER_MESSAGE + self.counter.count_text(role, model)
+        return max(n, 0)
 
     async def _inline(self, prepared: Prepared) -> Prepared:
         outcome = await self.compact(prepared, inline=True)
@@ -446,6 +459,7 @@ class Compactor:
             prepared.conversation,
             outcome.record,
             prepared.original_tokens,
+            prepared.summary_joins,
         )
         updated.decision = prepared.decision
         updated.summary_role = prepared.summary_role
@@ -741,7 +755,9 @@ class Compactor:
         counts = prepared.forwarded_counts
         tokens_after = sum(counts[:head_len]) + sum(counts[cut:]) + 3
         if summary_msg is not None:
-            tokens_after += self.counter.count_message(summary_msg, prepared.model)
+            tokens_after += self._summary_tokens(
+                summary_msg, prepared.model, prepared.summary_joins
+            )
         if tokens_after >= prepared.forwarded_tokens:
             return Outcome("none", None, "compaction would not reduce tokens")
         record = CompactionRecord(

@@ -188,6 +188,7 @@ async def _serve(request: Request, surface: Surface) -> Response:
             summary_role=surface.summary_role,
             offload=big,
             outside_cache_marks=surface.outside_cache_marks(body),
+            summary_joins=surface.summary_joins,
         )
     except Exception:  # fail open: a compaction problem never fails the request
         log.exception("compaction core failed; forwarding unchanged")

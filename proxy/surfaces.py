@@ -38,6 +38,8 @@ class Surface:
     # Cache breakpoints the client placed outside the view (Anthropic ``tools``): they count
     # towards the provider's limit of 4 before the proxy adds any of its own.
     outside_cache_marks: Callable[[dict[str, Any]], int] = lambda body: 0
+    # from_view makes the summary the first block of the next user turn (see join_summary).
+    summary_joins: bool = False
 
 
 def openai_error(message: str, type_: str, code: str | None) -> dict[str, Any]:
@@ -195,6 +197,7 @@ ANTHROPIC_MESSAGES = Surface(
     stream_usage_option=False,
     error_body=anthropic_error,
     outside_cache_marks=lambda body: count_cache_marks(body.get("tools")),
+    summary_joins=True,
 )
 
 

@@ -307,14 +307,15 @@ WARM_MODELS = ("gpt-4o", "gpt-4", "claude-sonnet-4-5")
 
 
 def warm_tokenizers(models: tuple[str, ...] = WARM_MODELS) -> list[str]:
-    """Build the encodings now, so that the first request does not pay for it; returns the
-    names of those built. Never raises: a tokenizer that cannot be built now is built (or
-    estimated) on first use instead, as before."""
+    """Build the encodings and load the model map now, so that the first request does not
+    pay for it; returns the names of the encodings built. Never raises: a tokenizer that
+    cannot be built now is built (or estimated) on first use instead, as before."""
     built = []
     for model in models:
         try:
             name, count = _text_counter(model)
             count("warm up")
+            model_info(model)  # LiteLLM's model map, read on a request's first lookup
             built.append(name)
         except Exception:
             logger.warning("could not build the tokenizer for %r at start-up", model)

@@ -17,6 +17,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.tokens import TokenCounter
 from tests.checks import INLINE, LOW_TRIGGER
 from tests.conversations import tool_result, user_turns
 from tests.proxyproc import ProxyProcess
@@ -91,6 +92,32 @@ def test_claude_code_system_message_is_accepted_and_forwarded_in_place(tmp_path:
         # Never a cut point: what is kept starts at a user turn.
         assert msgs[0]["role"] == "user"
     assert compacted, "the conversation never compacted"
+    assert up.rejections == []
+
+
+def test_forwarded_token_count_is_what_was_forwarded_after_the_summary_joins(
+    tmp_path: Path,
+) -> None:
+    counter = TokenCounter()
+    with ScriptedUpstream() as up, ProxyProcess(tmp_path, up.base_url, compaction=INLINE) as px:
+        client = anthropic.Anthropic(base_url=px.root, api_key="sk-ant", max_retries=0)
+        messages: list[dict[str, Any]] = []
+        reported = []
+        for n, text in enumerate(user_turns(14)):
+            messages.append({"role": "user", "content": text.replace("[[tool:", "[[no-tool:")})
+            raw = client.messages.with_raw_response.create(
+                model=CLAUDE, max_tokens=100, system=SYSTEM, messages=messages
+            )
+            reported.append(int(raw.headers["x-compaction-forwarded-tokens"]))
+            messages.append({"role": "assistant", "content": f"Noted step {n}."})
+        forwarded = _forwarded_messages(up)
+    joined = 0
+    for body, tokens in zip(forwarded, reported, strict=True):
+        view = [{"role": "system", "content": body["system"]}, *body["messages"]]
+        assert tokens == counter.count_total(view, CLAUDE)
+        first = body["messages"][0]["content"]
+        joined += isinstance(first, list) and first[0].get("text", "").startswith(SUMMARY_PREFIX)
+    assert joined, "no compaction"
     assert up.rejections == []
 
 
