@@ -5,7 +5,8 @@
     python -m bench.run --smoke    # tiny sizes, about a minute: a temporary folder (or --out)
 
 Sections: 1. overhead (``bench.overhead``), 2. core cost (``python -m bench.core``),
-3. savings (``bench.savings``, with the chart), 4. compaction policies (``bench.policies``).
+3. savings (``bench.savings``, with the chart), 4. compaction policies (``bench.policies``),
+5. where the added time goes (``python -m bench.stages``).
 The report states the machine, the command, and an "aims" table computed from the figures.
 A hand-written analysis between the ``<!-- analysis:start -->`` and ``<!-- analysis:end -->``
 markers of an existing report is kept when the report is regenerated. Smoke mode never
@@ -29,7 +30,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import overhead, policies, savings
+from bench import overhead, policies, savings, stages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -97,6 +98,19 @@ def run_core(smoke: bool, work: Path) -> dict[str, Any]:
     if done.returncode != 0:
         raise RuntimeError(f"bench.core exited {done.returncode}:\n{done.stderr[-3000:]}")
     return {"markdown": done.stdout.strip(), **json.loads(json_path.read_text())}
+
+
+def run_stages(smoke: bool, work: Path) -> dict[str, Any]:
+    """``python -m bench.stages`` in its own process (it runs the proxy's app in-process)."""
+    json_path = work / "stages.json"
+    command = [sys.executable, "-m", "bench.stages", "--json", str(json_path)]
+    if smoke:
+        command.append("--smoke")
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.stages exited {done.returncode}:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(json_path.read_text())
+    return result
 
 
 def _section(name: str, fn: Callable[[], Any], failures: list[str]) -> Any:
@@ -257,6 +271,13 @@ def report(results: dict[str, Any], command: str, analysis: str, chart_name: str
     lines += ["", "## 4. Compaction policies", "", _doc(policies), ""]
     pol = results["policies"]
     lines.append(_failed(pol) or policies.markdown(pol))
+    lines += ["", "## 5. Where the added time goes", "", _doc(stages), ""]
+    st = results["stages"]
+    lines.append(
+        _failed(st)
+        or f"Milliseconds, medians of {st['reps']} interleaved repetitions.\n\n"
+        + stages.markdown(st)
+    )
     lines += ["", "## Analysis", "", ANALYSIS_START, analysis, ANALYSIS_END, ""]
     return "\n".join(lines)
 
@@ -319,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory(prefix="bench-run-") as work:
         results["core"] = _section("core", lambda: run_core(args.smoke, Path(work)), failures)
+        results["stages"] = _section("stages", lambda: run_stages(args.smoke, Path(work)), failures)
     ov_profile = overhead.SMOKE if args.smoke else overhead.FULL
     results["overhead"] = _section(
         "overhead",

@@ -20,6 +20,9 @@ ENV_VAR = "COMPACTION_PROXY_CONFIG"
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
+TRANSPORTS = ("aiohttp", "httpx")
+
+
 class ConfigError(ValueError):
     """The configuration is invalid; the message names the key."""
 
@@ -37,6 +40,7 @@ class Upstream:
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     max_connections: int = 512
+    transport: str = "aiohttp"  # the wire under the httpx client: aiohttp | httpx
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,11 @@ def _check(config: Config) -> None:
         raise ConfigError("compaction.summary_base_url: must start with http:// or https://")
     if not config.upstream.base_url.startswith(("http://", "https://")):
         raise ConfigError("upstream.base_url: must start with http:// or https://")
+    if config.upstream.transport not in TRANSPORTS:
+        raise ConfigError(
+            f"upstream.transport: must be one of {', '.join(TRANSPORTS)} "
+            f"(not {config.upstream.transport!r})"
+        )
     if config.limits.max_body_mb <= 0:
         raise ConfigError("limits.max_body_mb: must be positive")
     if not 0 < config.listen.port < 65536:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 
 import httpx
 
+from .aiotransport import AiohttpTransport
 from .config import Upstream
 from .errors import BadRequest, UpstreamTimeout, UpstreamUnavailable, UpstreamUnreachable
 from .reach import classify, safe_url
@@ -49,13 +50,17 @@ CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog
 def make_client(
     upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
 ) -> httpx.AsyncClient:
-    """One pooled HTTP/1.1 client for the proxy's lifetime."""
+    """One pooled HTTP/1.1 client for the proxy's lifetime; its wire is aiohttp's pool
+    (``proxy.aiotransport``) or httpx's own, per ``upstream.transport`` (a ``transport``
+    passed in, as tests do, wins)."""
     timeout = httpx.Timeout(upstream.timeout_s, connect=upstream.connect_timeout_s)
     limits = httpx.Limits(
         max_connections=upstream.max_connections,
         max_keepalive_connections=min(upstream.max_connections, 128),
         keepalive_expiry=30,
     )
+    if transport is None and upstream.transport == "aiohttp":
+        transport = AiohttpTransport(limits)
     return httpx.AsyncClient(
         timeout=timeout, limits=limits, transport=transport, http2=False, trust_env=False
     )

@@ -1,0 +1,215 @@
+"""Both upstream transports (``upstream.transport: aiohttp | httpx``) behave the same on the
+wire: SSE relayed event by event, a client that goes away closes the upstream connection,
+a stalled stream ends with an error event, no answer in time is a 504, a refused connection
+a 502 ``upstream_unreachable``. Real proxy processes; a raw-socket upstream whose every step
+waits on the test (never on a clock), so the checks hold on a busy machine.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from proxy.aiotransport import httpx_errors
+from tests.proxyproc import ProxyProcess, free_port
+
+TRANSPORTS = ("aiohttp", "httpx")
+WAIT_S = 60.0  # only ever reached when something is broken
+
+
+def _event(text: str) -> bytes:
+    chunk = {
+        "id": "chatcmpl-gated",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "gated",
+        "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+    }
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+class GatedUpstream:
+    """Streams one event, then waits: for ``go`` (the rest follows), for the proxy to close
+    the connection (``closed`` is set), or for nothing (a stall). The scenario is the first
+    user message's text: ``gate``, ``hangup`` or ``stall``; ``nohead`` never answers."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.closed = threading.Event()
+        self.release = threading.Event()  # ends stalls when the tests are done
+        owner = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                owner._handle(self.request)
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def stop(self) -> None:
+        self.release.set()
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handle(self, sock: socket.socket) -> None:
+        reader = sock.makefile("rb")
+        if not reader.readline():
+            return
+        length = 0
+        while (line := reader.readline()) not in (b"\r\n", b""):
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        body = json.loads(reader.read(length))
+        scenario = body["messages"][0]["content"]
+        if scenario == "nohead":
+            self.release.wait(WAIT_S)
+            return
+        sock.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+            b"transfer-encoding: chunked\r\n\r\n" + _chunked(_event("first"))
+        )
+        if scenario == "gate":
+            self.go.wait(WAIT_S)
+            rest = _event("second") + b"data: [DONE]\n\n"
+            sock.sendall(_chunked(rest) + b"0\r\n\r\n")
+        elif scenario == "hangup":
+            sock.settimeout(WAIT_S)
+            try:
+                while sock.recv(4096):
+                    pass
+                self.closed.set()  # the proxy closed its side
+            except OSError:
+                self.closed.set()
+        else:  # stall
+            self.release.wait(WAIT_S)
+
+
+def _chunked(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[GatedUpstream]:
+    up = GatedUpstream()
+    try:
+        yield up
+    finally:
+        up.stop()
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def proxy(
+    request: pytest.FixtureRequest, upstream: GatedUpstream, tmp_path_factory: Any
+) -> Iterator[ProxyProcess]:
+    tmp = tmp_path_factory.mktemp(f"transport-{request.param}")
+    upstream_settings = {"transport": request.param, "timeout_s": 3}
+    with ProxyProcess(tmp, upstream.base_url, upstream=upstream_settings) as px:
+        yield px
+
+
+def _body(scenario: str, stream: bool = True) -> dict[str, Any]:
+    return {
+        "model": "gpt-4o-mini",
+        "stream": stream,
+        "messages": [{"role": "user", "content": scenario}],
+        "stream_options": {"include_usage": True},
+    }
+
+
+def test_events_are_relayed_one_by_one(proxy: ProxyProcess, upstream: GatedUpstream) -> None:
+    upstream.go.clear()
+    url = f"{proxy.base_url}/chat/completions"
+    with httpx.stream("POST", url, json=_body("gate"), timeout=WAIT_S) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        # The first event arrives while the upstream still holds back the rest: it is not
+        # waiting for more bytes anywhere on the way.
+        first = next(line for line in lines if line.startswith("data: "))
+        assert '"first"' in first
+        upstream.go.set()
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert '"second"' in rest[0] and rest[-1] == "data: [DONE]"
+
+
+def test_a_client_gone_closes_the_upstream_connection(
+    proxy: ProxyProcess, upstream: GatedUpstream
+) -> None:
+    upstream.closed.clear()
+    url = f"{proxy.base_url}/chat/completions"
+    with httpx.stream("POST", url, json=_body("hangup"), timeout=WAIT_S) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break
+    assert upstream.closed.wait(WAIT_S), "the upstream connection stayed open"
+    assert httpx.get(f"{proxy.root}/healthz").status_code == 200
+
+
+def test_a_stalled_stream_ends_with_an_error_event(proxy: ProxyProcess) -> None:
+    url = f"{proxy.base_url}/chat/completions"
+    with httpx.stream("POST", url, json=_body("stall"), timeout=WAIT_S) as r:
+        text = "".join(r.iter_text())
+    assert '"first"' in text
+    assert "event: error" in text and "upstream_error" in text
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_no_answer_in_time_is_a_504(proxy: ProxyProcess, stream: bool) -> None:
+    url = f"{proxy.base_url}/chat/completions"
+    r = httpx.post(url, json=_body("nohead", stream), timeout=WAIT_S)
+    assert r.status_code == 504, r.text
+    assert r.json()["error"]["code"] == "upstream_timeout"
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_refused_connection_is_a_502_unreachable(tmp_path: Path, transport: str) -> None:
+    closed = free_port()
+    with ProxyProcess(
+        tmp_path, f"http://127.0.0.1:{closed}/v1", upstream={"transport": transport}
+    ) as px:
+        r = httpx.post(f"{px.base_url}/chat/completions", json=_body("x", False), timeout=WAIT_S)
+        assert r.status_code == 502, r.text
+        error = r.json()["error"]
+        assert error["code"] == "upstream_unreachable"
+        assert "connection refused" in error["message"]
+
+
+def test_aiohttp_errors_map_to_the_httpx_classes_the_proxy_maps() -> None:
+    import aiohttp
+    from aiohttp.client_reqrep import ConnectionKey
+
+    request = httpx.Request("POST", "http://127.0.0.1:1/v1/chat/completions")
+    key = ConnectionKey("127.0.0.1", 1, False, True, None, None, None)
+    refused = ConnectionRefusedError(111, "Connection refused")
+    cases: list[tuple[BaseException, type[httpx.HTTPError]]] = [
+        (aiohttp.ClientConnectorError(key, refused), httpx.ConnectError),
+        (aiohttp.ConnectionTimeoutError("connect"), httpx.ConnectTimeout),
+        (aiohttp.SocketTimeoutError("read"), httpx.ReadTimeout),
+        (aiohttp.ServerDisconnectedError(), httpx.RemoteProtocolError),
+        (aiohttp.ClientPayloadError("cut"), httpx.RemoteProtocolError),
+        (aiohttp.ClientOSError(104, "reset"), httpx.ReadError),
+    ]
+    for raised, expected in cases:
+        with pytest.raises(expected) as caught, httpx_errors(request):
+            raise raised
+        assert type(caught.value) is expected, (raised, caught.value)
+    with pytest.raises(httpx.ConnectError) as caught, httpx_errors(request):
+        raise aiohttp.ClientConnectorError(key, refused)
+    assert caught.value.__cause__ is refused  # what proxy.reach.classify reads
