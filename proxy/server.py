@@ -18,11 +18,13 @@ import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from . import admin, admintoken, dashboard, health, ledger  # admin, dashboard: the operators' view
+from .abort import AbortOnBrokenBody, BodyBroken
 from .bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
 from .compactor import Compactor, Prepared, Prompts
 from .config import Config, load_prompt
@@ -463,11 +465,6 @@ def _finish(
     res.compactor.writer.record(entry, prepared.original)
 
 
-class BodyBroken(Exception):
-    """The upstream's body broke after the response started: the client's connection is
-    dropped rather than the body ended as if whole."""
-
-
 def raw_path(request: Request) -> str:
     """The path as the client sent it, still percent-encoded (``/v1/%2e%2e`` stays so)."""
     raw = request.scope.get("raw_path")
@@ -562,8 +559,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
-    if not isinstance(exc, BodyBroken):  # already logged, and the response had started
-        log.exception("unexpected error", exc_info=exc)
+    log.exception("unexpected error", exc_info=exc)
     return JSONResponse(
         openai_error("internal proxy error", "server_error", "internal_error"), status_code=500
     )
@@ -647,6 +643,7 @@ def create_app(
     return Starlette(
         routes=routes,
         lifespan=lifespan,
+        middleware=[Middleware(AbortOnBrokenBody)],
         exception_handlers={
             ProxyError: _proxy_error,
             StoreError: _store_error,
