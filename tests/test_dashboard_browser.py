@@ -197,10 +197,15 @@ def test_unknown_prices_show_n_a_not_zero_dollars(
     with ScriptedUpstream() as upstream:
         # A model LiteLLM's price map does not know (a local server's, with a long name).
         model = "local/some-lab/a-rather-long-model-name-70b-instruct-q4_k_m.gguf"
-        with ProxyProcess(tmp, upstream.base_url, compaction=COMPACTION) as p:
+        with ProxyProcess(
+            tmp, upstream.base_url, compaction=COMPACTION, admin={"token": TOKEN}
+        ) as p:
             sent, _ = run_conversation(p.base_url, "sk-unpriced", 4, model=model)
-            wait_for_requests(p.root, len(sent), token=None)
-            context = browser.new_context(viewport={"width": 1400, "height": 900})
+            wait_for_requests(p.root, len(sent))
+            context = browser.new_context(
+                viewport={"width": 1400, "height": 900},
+                extra_http_headers={"authorization": f"Bearer {TOKEN}"},
+            )
             page = context.new_page()
             page.goto(f"{p.root}/dashboard")
             usd = page.locator("#tile-saved-usd")
