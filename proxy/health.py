@@ -89,8 +89,16 @@ class StoreHealth:
         self.problem: str | None = store.reason if isinstance(store, UnavailableStore) else None
         self.checked_at = 0.0
         self._on_change = on_change
+        self._running: asyncio.Future[str | None] | None = None
 
     async def check(self) -> str | None:
+        """Check now; callers arriving while a check runs share it (``/readyz`` is open to
+        anyone, and each check writes to the store)."""
+        if self._running is None or self._running.done():
+            self._running = asyncio.ensure_future(self._check())
+        return await asyncio.shield(self._running)
+
+    async def _check(self) -> str | None:
         problem = await asyncio.to_thread(store_problem, self.store)
         changed = (problem is None) != (self.problem is None)
         if changed and problem is not None:
