@@ -6,7 +6,8 @@
 
 Sections: 1. overhead (``bench.overhead``), 2. core cost (``python -m bench.core``),
 3. savings (``bench.savings``, with the chart), 4. compaction policies (``bench.policies``),
-5. where the added time goes (``python -m bench.stages``).
+5. where the added time goes (``python -m bench.stages``), 6. servers and forwarders side by
+side, interleaved, with ratios to direct (``python -m bench.servers``).
 The report states the machine, the command, and an "aims" table computed from the figures.
 A hand-written analysis between the ``<!-- analysis:start -->`` and ``<!-- analysis:end -->``
 markers of an existing report is kept when the report is regenerated. Smoke mode never
@@ -30,7 +31,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import overhead, policies, savings, stages
+from bench import overhead, policies, savings, servers, stages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -39,7 +40,10 @@ CHART = "savings.png"
 ANALYSIS_START = "<!-- analysis:start -->"
 ANALYSIS_END = "<!-- analysis:end -->"
 NO_ANALYSIS = "_No analysis written for this run._"
-VERSIONS = ("litellm", "starlette", "uvicorn", "httpx", "uvloop", "httptools", "orjson", "tiktoken")
+VERSIONS = (
+    "litellm", "starlette", "uvicorn", "granian", "httpx", "aiohttp", "uvloop", "httptools",
+    "orjson", "tiktoken",
+)  # fmt: skip
 
 
 # ---- the machine ------------------------------------------------------------------------------
@@ -113,6 +117,19 @@ def run_stages(smoke: bool, work: Path) -> dict[str, Any]:
     return result
 
 
+def run_servers(smoke: bool, litellm: bool, work: Path) -> dict[str, Any]:
+    """``python -m bench.servers`` (forwarders and servers side by side, interleaved)."""
+    json_path = work / "servers.json"
+    command = [sys.executable, "-m", "bench.servers", "--json", str(json_path)]
+    command += ["--smoke"] if smoke else []
+    command += [] if litellm else ["--no-litellm"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.servers exited {done.returncode}:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(json_path.read_text())
+    return result
+
+
 def _section(name: str, fn: Callable[[], Any], failures: list[str]) -> Any:
     started = time.monotonic()
     print(f"== {name}", file=sys.stderr, flush=True)
@@ -179,6 +196,7 @@ def aims(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     f"{ours['p99_ms']:,.1f} vs {theirs['p99_ms']:,.1f} ms",
                     "met" if ours["p99_ms"] < theirs["p99_ms"] else "missed",
                 ))  # fmt: skip
+    out += _server_aims(results.get("servers", {}))
     core = results.get("core", {})
     if core.get("results"):
         best = min(core["results"], key=lambda r: abs(r["messages"] - 1000))
@@ -187,6 +205,43 @@ def aims(results: dict[str, Any]) -> list[tuple[str, str, str]]:
             f"warm core cost < 2 ms for {best['messages']:,} messages",
             f"{warm:.2f} ms",
             "met" if warm < 2 else "missed",
+        ))  # fmt: skip
+    return out
+
+
+def _server_aims(sr: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Issue #16's aims, from the interleaved side-by-side run of the default setup."""
+    out: list[tuple[str, str, str]] = []
+    rows = [r for r in sr.get("rows", []) if r["variant"] == servers.DEFAULT]
+    n = sr.get("history")
+    for r in sorted(rows, key=lambda r: (r["concurrency"], r["stream"])):
+        mode = "streaming" if r["stream"] else "non-streaming"
+        if r["concurrency"] == 1:
+            out.append((
+                f"added p50 ≤ 1.0 ms, concurrency 1, {n} messages, {mode} "
+                f"({servers.DEFAULT}, median of rounds)",
+                f"{r['added_p50_ms']:.2f} ms",
+                "met" if r["added_p50_ms"] <= 1.0 else "missed",
+            ))  # fmt: skip
+        else:
+            c = r["concurrency"]
+            out.append((
+                f"≥ 0.8× direct's req/s at concurrency {c}, {n} messages, {mode}",
+                f"{r['rps_vs_direct']:.2f}× ({r['rps']:,.0f} req/s)",
+                "met" if r["rps_vs_direct"] >= 0.8 else "missed",
+            ))  # fmt: skip
+            out.append((
+                f"p99 within 2× direct's at concurrency {c}, {n} messages, {mode}",
+                f"{r['p99_vs_direct']:.1f}× ({r['p99_ms']:,.1f} ms)",
+                "met" if r["p99_vs_direct"] <= 2 else "missed",
+            ))  # fmt: skip
+    memory = sr.get("memory", {}).get(servers.DEFAULT)
+    if memory and memory.get("rss_mb") is not None:
+        served = memory["measured_requests"]
+        out.append((
+            f"RSS of one worker ≤ 150 MB after {served:,} measured requests (aim: after 5,000)",
+            f"{memory['rss_mb']:.0f} MiB",
+            "met" if memory["rss_mb"] <= 150 else "missed",
         ))  # fmt: skip
     return out
 
@@ -278,6 +333,14 @@ def report(results: dict[str, Any], command: str, analysis: str, chart_name: str
         or f"Milliseconds, medians of {st['reps']} interleaved repetitions.\n\n"
         + stages.markdown(st)
     )
+    lines += ["", "## 6. Servers and forwarders side by side", "", _doc(servers), ""]
+    sr = results["servers"]
+    lines.append(
+        _failed(sr)
+        or f"{sr['rounds']} rounds of {sr['duration_s']:g} s per cell; "
+        f"{sr['history']}-message body.\n\n"
+        + servers.markdown(sr)
+    )
     lines += ["", "## Analysis", "", ANALYSIS_START, analysis, ANALYSIS_END, ""]
     return "\n".join(lines)
 
@@ -341,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-run-") as work:
         results["core"] = _section("core", lambda: run_core(args.smoke, Path(work)), failures)
         results["stages"] = _section("stages", lambda: run_stages(args.smoke, Path(work)), failures)
+        results["servers"] = _section(
+            "servers",
+            lambda: run_servers(args.smoke, not args.no_litellm, Path(work)),
+            failures,
+        )
     ov_profile = overhead.SMOKE if args.smoke else overhead.FULL
     results["overhead"] = _section(
         "overhead",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 
@@ -66,6 +67,7 @@ def make_client(
     )
 
 
+@functools.lru_cache(maxsize=256)  # pure; the chat routes ask the same every request
 def upstream_url(base_url: str, path: str, query: str) -> str:
     """Map ``/v1/<rest>`` on the proxy to ``<base_url>/<rest>`` upstream.
 

@@ -76,7 +76,8 @@ def test_report_has_every_section_with_numbers(smoke: tuple[Path, str]) -> None:
     machine = section(report, "Machine and command")
     assert "CPUs" in machine and "Python 3." in machine
     for heading in ("Aims", "1. Overhead", "2. Core cost", "3. Savings", "4. Compaction policies",
-                    "5. Where the added time goes"):  # fmt: skip
+                    "5. Where the added time goes",
+                    "6. Servers and forwarders side by side"):  # fmt: skip
         text = section(report, heading)
         assert "This section failed" not in text, text[-3000:]
         rows = table_rows(text)
