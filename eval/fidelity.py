@@ -27,7 +27,11 @@ from typing import Any
 import httpx
 import yaml
 
+import proxy as proxy_package
 from proxy.fingerprint import fingerprints
+from proxy.lossreport import split_summary
+from proxy.summarizer import strip_summary_header
+from proxy.summarycheck import check
 from proxy.tokens import TokenCounter
 
 from . import conversations as convs
@@ -67,6 +71,7 @@ class Result:
     failures: list[dict[str, Any]] = field(default_factory=list)
     summary_tokens: list[int] = field(default_factory=list)
     mismatches: list[str] = field(default_factory=list)
+    bad_summaries: list[str] = field(default_factory=list)  # accepted, yet failing a check
     qa: list[dict[str, Any]] = field(default_factory=list)
     cases: list[str] = field(default_factory=list)
     llm_calls: list[dict[str, Any]] = field(default_factory=list)
@@ -196,7 +201,13 @@ def run_one(
         res.failures = detail.get("failures") or []
     client.close()
     res.llm_calls = relay.llm[first_call:]
+    prompt = (Path(proxy_package.__file__).parent / "prompts" / "summarizer.md").read_text()
     for c in res.compactions:
+        if c.get("case") == "summarize" and c.get("summary"):
+            own = split_summary(strip_summary_header(c["summary"]))[0]
+            why = check(own, "", prompt)  # the span is gone: every check but off-topic
+            if why:
+                res.bad_summaries.append(why)
         if c.get("summary"):
             res.summary_tokens.append(
                 counter.count_message({"role": "system", "content": c["summary"]}, model)
@@ -291,9 +302,12 @@ def main(argv: list[str] | None = None) -> int:
         upstream=args.upstream,
         compaction=COMPACTION,
         seconds=time.monotonic() - started,
+        command=" ".join(
+            ["python -m eval.fidelity", *(argv if argv is not None else sys.argv[1:])]
+        ),
     )
     if args.dump:
-        exchanges = {r.name: r.llm_calls for r in results}
+        exchanges = {r.name: {"calls": r.llm_calls, "compactions": r.compactions} for r in results}
         Path(args.dump).write_text(json.dumps(exchanges, indent=1, ensure_ascii=False))
     if args.out == "-":
         print(text)

@@ -77,6 +77,7 @@ def test_small_fidelity_run_with_smollm2(smollm2: str, tmp_path: Path) -> None:
     assert r.forwarded_tokens <= r.original_tokens
     # Every loss report says exactly what the forwarded request holds and lacks.
     assert r.mismatches == []
+    assert r.bad_summaries == []  # no accepted summary fails the checks
     # At the same forwarded budget the proxy keeps at least what dropping the middle keeps.
     assert len(r.proxy_kept) >= len(r.middle_kept), (r.proxy_kept, r.middle_kept)
     assert len(r.qa) == 1
