@@ -20,6 +20,12 @@ _TRANSCRIPT_RE = re.compile(
     r"\bTRANSCRIPT\b|^\s*\[\d+\]\s*(?:USER|ASSISTANT|SYSTEM|TOOL)\b", re.MULTILINE
 )
 _ROLE_LINE_RE = re.compile(r"^\s*(?:USER|ASSISTANT|TOOL RESULT)\b[^:\n]{0,40}:", re.MULTILINE)
+# Our own request's framing lines, when a model (or an extractive summarizer) repeats them.
+_FRAMING_RE = re.compile(
+    r"^\s*(?:TRANSCRIPT \([^)\n]*\):|EARLIER SUMMARY:|SUMMARIES OF CONSECUTIVE PARTS[^\n]*:|"
+    r"PART \d+:|Write the memory now\.?)\s*$",
+    re.MULTILINE,
+)
 _SENTENCE_END_RE = re.compile(r"[.!?)\]](?=\s|$)|\n")
 _WORD_RE = re.compile(r"[A-Za-z][A-Za-z'-]+")
 # Words any summary uses whatever it is about; they say nothing about the subject.
@@ -138,12 +144,36 @@ def invented_lines(summary: str, span_text: str) -> list[str]:
     return out
 
 
-def check(summary: str, span_text: str, prompt: str = "", min_overlap: float = 0.3) -> str | None:
-    """Why ``summary`` must not replace ``span_text``, or None when it may."""
+def strip_framing(text: str) -> tuple[str, bool]:
+    """The text without lines that repeat our request's framing (``TRANSCRIPT (12
+    messages):``), and whether there were any."""
+    stripped = _FRAMING_RE.sub("", text)
+    if stripped == text:
+        return text, False
+    return re.sub(r"\n{3,}", "\n\n", stripped).strip(), True
+
+
+def check(
+    summary: str,
+    span_text: str,
+    prompt: str = "",
+    min_overlap: float = 0.3,
+    *,
+    echoed_framing: bool = False,
+) -> str | None:
+    """Why ``summary`` must not replace ``span_text``, or None when it may.
+
+    ``echoed_framing``: the reply repeated our transcript's framing (already stripped); then a
+    single made-up turn is enough to call it an invented transcript.
+    """
     if _REFUSAL_RE.match(summary):
         return "summarizer refused"
     invented = invented_lines(summary, span_text)
-    if any(_TRANSCRIPT_RE.search(line) for line in invented) or len(invented) >= 2:
+    if (
+        any(_TRANSCRIPT_RE.search(line) for line in invented)
+        or len(invented) >= 2
+        or (echoed_framing and invented)
+    ):
         return "summary invents a transcript"
     if prompt and echoes_prompt(summary, prompt):
         return "summary echoes the prompt"
@@ -178,7 +208,8 @@ def accept(
     cleaned = (text or "").strip()
     if cleaned.startswith("```") and cleaned.endswith("```") and len(cleaned) > 6:
         cleaned = cleaned.strip("`").strip()
-    cleaned = dedupe_sentences(cleaned)
+    # Lines copied from the transcript are fine (an extractive summary); its framing is not.
+    cleaned, echoed = strip_framing(dedupe_sentences(cleaned))
     if finish_reason == "length":
         cleaned = trim_to_sentence(cleaned)
     if max_chars is not None and len(cleaned) > max_chars:
@@ -187,7 +218,7 @@ def accept(
         raise SummaryRejected(
             "summary empty" if finish_reason != "length" else "summary cut before one sentence"
         )
-    why = check(cleaned, span_text, prompt)
+    why = check(cleaned, span_text, prompt, echoed_framing=echoed)
     if why:
         raise SummaryRejected(why)
     return cleaned

@@ -141,3 +141,11 @@ def test_a_long_span_is_summarized_in_chunks_then_reduced() -> None:
 
 def test_the_summarizer_is_asked_for_less_than_its_max_tokens() -> None:
     assert target_tokens(400) == 300 and target_tokens(40) == 32
+
+
+def test_an_extractive_summary_repeating_our_framing_keeps_only_the_copied_lines() -> None:
+    copied = "TRANSCRIPT (2 messages):\n" + SPAN.splitlines()[0]
+    assert accept(copied, "stop", span_text=SPAN, prompt=PROMPT) == SPAN.splitlines()[0]
+    invented = "TRANSCRIPT (2 messages):\nUSER: please refund order 77 now"
+    with pytest.raises(SummaryRejected, match="invents a transcript"):
+        accept(invented, "stop", span_text=SPAN, prompt=PROMPT)
