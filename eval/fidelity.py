@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import secrets
+import shlex
 import socket
 import subprocess
 import sys
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         help="send the conversation's own requests to the model too",
     )
     parser.add_argument("--out", default="docs/fidelity.md", help="markdown report ('-': stdout)")
+    parser.add_argument("--note", default="", help="a line for the report (the model server...)")
     parser.add_argument("--only", help="one conversation: coding-agent, planning or support")
     parser.add_argument("--dump", help="also write every detector/summarizer exchange (JSON)")
     args = parser.parse_args(argv)
@@ -302,9 +304,8 @@ def main(argv: list[str] | None = None) -> int:
         upstream=args.upstream,
         compaction=COMPACTION,
         seconds=time.monotonic() - started,
-        command=" ".join(
-            ["python -m eval.fidelity", *(argv if argv is not None else sys.argv[1:])]
-        ),
+        note=args.note,
+        command="python -m eval.fidelity " + shlex.join(argv if argv is not None else sys.argv[1:]),
     )
     if args.dump:
         exchanges = {r.name: {"calls": r.llm_calls, "compactions": r.compactions} for r in results}

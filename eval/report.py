@@ -23,6 +23,7 @@ def render(
     compaction: dict[str, Any],
     seconds: float,
     command: str = "",
+    note: str = "",
 ) -> str:
     """The report: the comparison table, then per conversation what was lost and why."""
     default = f"python -m eval.fidelity --upstream {upstream} --model {model}"
@@ -40,8 +41,14 @@ def render(
         "the oldest and newest messages, half the budget each; *keep last N turns* keeps the "
         "newest whole user turns that fit. The conversations' own requests are answered by the "
         "evaluation's relay (their replies are scripted); only the detector, summarizer and QA "
-        "calls reach the model.",
+        "calls reach the model. Cases: *summarize* (a checked summary replaced the span), "
+        "*truncate* (a confident topic boundary: the old topic dropped behind a note), "
+        "*emergency* (over the limit while cooling down after a failure: the oldest whole turns "
+        "dropped behind a note); each keeps a `Key references:` line of the facts it would "
+        "lose. A failure is a compaction attempt whose summary failed the checks (soft) or "
+        "whose model call failed (hard).",
         "",
+        *([note, ""] if note else []),
         "| conversation | turns | original → forwarded tokens | proxy kept | drop the middle "
         "| keep last N turns | compactions | failures | summary tokens (mean / max) "
         "| loss-report mismatches | accepted summaries failing a check | QA full | QA forwarded |",
