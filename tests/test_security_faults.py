@@ -26,6 +26,7 @@ from proxy.errors import CompactionFailed, StoreError  # noqa: E402
 from proxy.store import RedisStore  # noqa: E402
 from tests.checks import INLINE  # noqa: E402
 from tests.proxyproc import ProxyProcess, free_port  # noqa: E402
+from tests.rawupstream import RawUpstream  # noqa: E402
 from tests.upstream import ScriptedUpstream  # noqa: E402
 
 ADMIN = {"token": "test-admin-token"}
@@ -217,3 +218,44 @@ def test_a_lock_left_by_a_store_crash_mid_compaction_is_released(tmp_path: Path)
                 assert again.headers["x-compaction-case"] == "summarize", again.headers
     finally:
         redis.stop()
+
+
+@pytest.mark.parametrize("fault", ["garbage", "hang"])
+def test_summarizer_faults_with_redis_lose_nothing_and_leave_no_lock(
+    redis: RedisServer, tmp_path: Path, fault: str
+) -> None:
+    """The detector/summarizer answers garbage, or hangs (a byte at a time, each read inside
+    the timeout): every request is answered and recorded, and no compaction lock is left in
+    Redis."""
+    if fault == "garbage":
+        server: Any = ScriptedUpstream(detector_mode="garbage", summarizer_mode="garbage")
+        base = lambda s: s.base_url  # noqa: E731
+    else:
+        server = RawUpstream(llm_mode="drip", drip_s=120.0)
+        base = lambda s: s.url("/v1")  # noqa: E731
+    with server as up:
+        with ProxyProcess(
+            tmp_path,
+            base(up),
+            store={"url": redis.url},
+            compaction={**INLINE, "llm_timeout_s": 1},
+            admin=ADMIN,
+        ) as px:
+            client = openai.OpenAI(base_url=px.base_url, api_key="sk-f", max_retries=0)
+            for i in range(3):
+                history = _conversation(40, f"{fault}-{i}")
+                reply = client.chat.completions.with_raw_response.create(
+                    model="gpt-4o-mini", messages=history
+                )
+                assert reply.parse().choices[0].message.content
+                if fault == "hang":
+                    assert reply.headers["x-compaction-case"] != "summarize"
+            stats = httpx.get(
+                f"{px.root}/admin/api/stats",
+                headers={"authorization": f"Bearer {ADMIN['token']}"},
+                timeout=30,
+            ).json()
+            assert stats["totals"]["requests"] == 3  # nothing lost
+            assert list(RedisStore(redis.url).keys("lock:")) == []
+            if fault == "hang":
+                assert up.drips_finished == 0  # cut off at the deadline, never waited out
