@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
+from urllib.parse import unquote
 
 import httpx
 
@@ -72,9 +73,9 @@ def upstream_url(base_url: str, path: str, query: str) -> str:
     """Map ``/v1/<rest>`` on the proxy to ``<base_url>/<rest>`` upstream.
 
     ``path`` is the path as the client sent it (still percent-encoded, ASGI ``raw_path``):
-    a dot segment (``..``, ``%2e%2e``) or an encoded slash or backslash could climb out of
-    the base's path once the upstream decodes it, so those are refused with a 400, and the
-    final URL is checked to lie under the base.
+    a dot segment (``..``, ``%2e%2e``, ``..%2f``) could climb out of the base's path once
+    the upstream decodes it, so it is refused with a 400 (``check_path``), and the final URL
+    is checked to lie under the base.
     """
     rest = path[3:] if path.startswith("/v1") else path
     check_path(rest)
@@ -90,15 +91,24 @@ def upstream_url(base_url: str, path: str, query: str) -> str:
 
 
 def check_path(path: str) -> None:
-    """Refuse a path that could mean another one upstream (``BadRequest``)."""
-    lower = path.lower()
-    if "%2f" in lower or "%5c" in lower or "\\" in path:
-        raise BadRequest("request path must not contain encoded slashes or backslashes")
-    for segment in lower.split("/"):
-        if segment.replace("%2e", ".") in (".", ".."):
-            raise BadRequest("request path must not contain dot segments ('.' or '..')")
+    """Refuse a path that could climb out of the base (``BadRequest``).
+
+    Encoded slashes stay allowed as data (the official clients send ``org%2Fmodel`` for a
+    model named ``org/model``) and are relayed encoded; but the path is also read as a server
+    that decodes them would read it - every percent-decoding, ``/`` and ``\\`` as separators -
+    and a ``.`` or ``..`` segment in any reading is refused.
+    """
     if any(ord(c) < 0x21 or ord(c) > 0x7E for c in path):
         raise BadRequest("request path must be percent-encoded ASCII")
+    reading = path
+    for _ in range(3):  # as sent, decoded once, decoded twice
+        for segment in reading.replace("\\", "/").split("/"):
+            if segment in (".", ".."):
+                raise BadRequest("request path must not contain dot segments ('.' or '..')")
+        decoded = unquote(reading)
+        if decoded == reading:
+            break
+        reading = decoded
 
 
 def request_headers(

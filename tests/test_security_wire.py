@@ -88,6 +88,24 @@ def test_no_path_escapes_the_upstream_base(
     assert len(upstream.seen) == before, f"{target} reached {upstream.seen[-1].target}"
 
 
+@pytest.mark.parametrize("name", ["meta-llama%2FLlama-3.1-8B", "org%2fmodel%5cv2"])
+def test_encoded_slashes_in_a_name_are_relayed_encoded(
+    proxy: ProxyProcess, upstream: RawUpstream, name: str
+) -> None:
+    """A model named ``org/model`` (vLLM) is sent as ``org%2Fmodel``: data, not a separator."""
+    status, _, body = raw_request(proxy.port, "GET", f"/v1/models/{name}")
+    assert status == 200, body
+    assert upstream.seen[-1].target == f"/base/v1/models/{name}"
+
+
+def test_the_official_client_retrieves_a_model_with_a_slash(
+    proxy: ProxyProcess, upstream: RawUpstream
+) -> None:
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-client", max_retries=0)
+    client.models.retrieve("meta-llama/Llama-3.1-8B")  # the client sends the "/" as %2F
+    assert upstream.seen[-1].target == "/base/v1/models/meta-llama%2FLlama-3.1-8B"
+
+
 def test_plain_paths_still_map_under_the_base(proxy: ProxyProcess, upstream: RawUpstream) -> None:
     status, _, body = raw_request(proxy.port, "GET", "/v1/models/gpt-4o%3Amini?limit=2")
     assert status == 200, body
