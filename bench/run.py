@@ -7,7 +7,8 @@
 Sections: 1. overhead (``bench.overhead``), 2. core cost (``python -m bench.core``),
 3. savings (``bench.savings``, with the chart), 4. compaction policies (``bench.policies``),
 5. where the added time goes (``python -m bench.stages``), 6. servers and forwarders side by
-side, interleaved, with ratios to direct (``python -m bench.servers``).
+side, interleaved, with ratios to direct (``python -m bench.servers``), 7. a 300-request
+coding-agent session (``bench.agent_session``).
 The report states the machine, the command, and an "aims" table computed from the figures.
 A hand-written analysis between the ``<!-- analysis:start -->`` and ``<!-- analysis:end -->``
 markers of an existing report is kept when the report is regenerated. Smoke mode never
@@ -31,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import overhead, policies, savings, servers, stages
+from bench import agent_session, overhead, policies, savings, servers, stages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -197,6 +198,21 @@ def aims(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                     "met" if ours["p99_ms"] < theirs["p99_ms"] else "missed",
                 ))  # fmt: skip
     out += _server_aims(results.get("servers", {}))
+    agent = results.get("agent")
+    if isinstance(agent, list):
+        for r in agent:
+            ratio = r["usd"] / r["baseline_usd"] if r["baseline_usd"] else 1.0
+            where = f"agent session, trigger {r['trigger_tokens']:,}"
+            out.append((
+                f"$ ≤ 0.35× forwarding unchanged ({where})",
+                f"{ratio:.3f}×",
+                "met" if ratio <= 0.35 else "missed",
+            ))  # fmt: skip
+            out.append((
+                f"≥ 90% of forwarded tokens cacheable ({where})",
+                f"{r['cacheable_share']:.1%} (ceiling {1 - r['new_share']:.1%})",
+                "met" if r["cacheable_share"] >= 0.9 else "missed",
+            ))  # fmt: skip
     core = results.get("core", {})
     if core.get("results"):
         best = min(core["results"], key=lambda r: abs(r["messages"] - 1000))
@@ -341,6 +357,9 @@ def report(results: dict[str, Any], command: str, analysis: str, chart_name: str
         f"{sr['history']}-message body.\n\n"
         + servers.markdown(sr)
     )
+    lines += ["", "## 7. Agent session", "", _doc(agent_session), ""]
+    agent = results.get("agent")
+    lines.append(_failed(agent) or agent_session.markdown(agent or []))
     lines += ["", "## Analysis", "", ANALYSIS_START, analysis, ANALYSIS_END, ""]
     return "\n".join(lines)
 
@@ -421,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     results["policies"] = _section(
         "policies", lambda: policies.run(turns, sv_profile.compaction), failures
     )
+    results["agent"] = _section("agent", lambda: agent_session.runs(args.smoke), failures)
     results["load_average"]["end"] = os.getloadavg()[0]
     results["seconds"] = round(time.monotonic() - started, 1)
 

@@ -386,6 +386,10 @@ def _compaction(store: Store, tenant: str, conv: str, event: dict[str, Any]) -> 
             list(record.get("facts_dropped") or []),
             list(record.get("facts_elsewhere") or []),
         ),
+        # Agent sessions: what pruning cleared, what stayed pinned, what was too large to pin.
+        "pruned": list(record.get("pruned") or []),
+        "pinned": list(record.get("pinned") or []),
+        "unpinned": list(record.get("unpinned") or []),
         "record_available": bool(record),
         "prefix_hash": prefix_hash,
     }

@@ -11,13 +11,26 @@ fit, emergency-truncated).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import costs, detector, keyfacts, ledger, lossreport, planner, stability, summarizer
+from . import (
+    costs,
+    detector,
+    keyfacts,
+    layout,
+    ledger,
+    lossreport,
+    pins,
+    planner,
+    prune,
+    stability,
+    summarizer,
+)
 from .controls import Controls
 from .controls import sampled as _sampled
 from .errors import CompactionFailed, StoreError
@@ -26,6 +39,7 @@ from .fingerprint import (
     earlier_conversation_id,
     fingerprint,
     fingerprints,
+    first_user_index,
     prefix_chain,
 )
 from .llm import LLM, LLMReply
@@ -38,6 +52,7 @@ from .records import (
     body_start,
     conv_key,
     find_checkpoint,
+    origins,
     parse_checkpoints,
     substitute,
 )
@@ -105,6 +120,12 @@ class Prepared:
     earlier_conversation: str | None = None
     outside_cache_marks: int = 0  # the client's cache marks outside the messages
     summary_joins: bool = False  # the summary is forwarded inside the next user turn
+    # forwarded[i] forwards original[origins[i]], or stored bytes when None.
+    origins: list[int | None] = field(default_factory=list)
+    # Tokens the request spends besides its messages (tools, max_tokens), for the window guard.
+    reserve_tokens: int = 0
+    # Over the model's context window and nothing left that could be dropped.
+    too_long: bool = False
 
     @property
     def changed(self) -> bool:
@@ -240,8 +261,12 @@ class Compactor:
         offload: bool = False,
         outside_cache_marks: int = 0,
         summary_joins: bool = False,
+        reserve_tokens: int = 0,
     ) -> Prepared:
         """Identify, substitute, count and decide; compact inline when the decision says so.
+
+        ``reserve_tokens``: what the request needs besides its messages (tool schemas, the
+        requested completion): the context-window guard counts them.
 
         ``controls`` (see ``proxy.controls``) says whether the request may be compacted, only
         measured (shadow) or must pass as sent; ``bypass`` is the short form of the latter.
@@ -290,22 +315,31 @@ class Compactor:
         prepared.summary_role = summary_role or self.settings.summary_role
         prepared.llm_model = llm_model or model
         prepared.shadow = controls.shadow
+        prepared.reserve_tokens = reserve_tokens
         if paused and not bypass:
             controls = Controls("compaction paused for this conversation", "opt-out")
             bypass = True
         prepared.earlier_conversation = earlier
         prepared.outside_cache_marks = outside_cache_marks
         window = context_window(model)
-        prepared.decision = planner.decide(
-            prepared.forwarded_tokens,
-            self.settings,
-            context_window=window,
-            bypass=bypass,
-            cooling_down=cooling,
-            pays=self._pays(prepared, meta),
-            shadow=controls.shadow,
-            skip_reason=controls.skip,
-        )
+        if window:
+            # Room the request needs besides its messages (at most half the window, so that a
+            # client asking for the whole window as max_tokens still gets its messages through).
+            window = max(1, window - min(reserve_tokens, window // 2))
+
+        def decide() -> planner.Decision:
+            return planner.decide(
+                prepared.forwarded_tokens,
+                self.settings,
+                context_window=window,
+                bypass=bypass,
+                cooling_down=cooling,
+                pays=self._pays(prepared, meta),
+                shadow=controls.shadow,
+                skip_reason=controls.skip,
+            )
+
+        prepared.decision = decide()
         if controls.shadow and not controls_sampled(conversation, self.settings):
             prepared.decision = planner.Decision(
                 "forward", "shadow mode: conversation not sampled", use_llm=False
@@ -316,8 +350,20 @@ class Compactor:
             return prepared
         if controls.shadow:
             return prepared  # measured only: no inline work, no cache marks
+        over = prepared.forwarded_tokens > self.settings.trigger_tokens
+        if self.settings.enabled and self.settings.prune and over:
+            # The cheapest tier first, inline: no LLM call, so no reason to wait for it.
+            d = prepared.decision
+            llm_next = d.action in ("background", "inline") and d.use_llm
+            pruned = await self._prune(prepared, llm_next=llm_next)
+            if pruned is not None:
+                prepared = pruned
+                prepared.decision = decide()
         if prepared.decision.action == "inline":
             prepared = await self._inline(prepared)
+        limit = prepared.decision.limit_tokens
+        if window and limit is not None and prepared.forwarded_tokens > window:
+            prepared.too_long = True
         if self.settings.enabled and offload:
             await asyncio.to_thread(self._stabilise, prepared, tracker, fps)
         elif self.settings.enabled:
@@ -369,13 +415,14 @@ class Compactor:
     ) -> None:
         """Track what stayed in place; on Anthropic-family models place cache breakpoints."""
         head_len = _head_len(prepared)
-        summary_at = head_len if prepared.record and prepared.record.summary else None
-        record = prepared.record
-        if record is None:
+        summary_at = layout.summary_position(_layout_view(prepared))
+        if prepared.record is None:
             fps = original_fps  # nothing substituted: the same messages
         else:
-            summary = [fingerprint(record.summary)] if record.summary is not None else []
-            fps = original_fps[: record.head_len] + summary + original_fps[record.k :]
+            fps = [
+                original_fps[o] if o is not None else fingerprint(m)
+                for o, m in zip(prepared.origins, prepared.forwarded, strict=True)
+            ]
         items = stability.prompt_items(fps, head_len, summary_at)
         record_hash = prepared.record.prefix_hash if prepared.record else None
         prepared.stability = stability.observe(previous, items, record_hash)
@@ -410,14 +457,17 @@ class Compactor:
         original_tokens: int,
         summary_joins: bool = False,
     ) -> Prepared:
+        where = origins(record, len(messages))
         if record is None:
             forwarded, fwd_counts = list(messages), list(counts)
         else:
             forwarded = substitute(messages, record)
-            fwd_counts = list(counts[: record.head_len])
-            if record.summary is not None:
-                fwd_counts.append(self._summary_tokens(record.summary, model, summary_joins))
-            fwd_counts.extend(counts[record.k :])
+            fwd_counts = [
+                counts[o] if o is not None else self.counter.count_message(m, model, fingerprint(m))
+                for o, m in zip(where, forwarded, strict=True)
+            ]
+            if summary_joins:
+                fwd_counts = self._joined_counts(forwarded, fwd_counts, model)
         return Prepared(
             tenant=tenant,
             conversation=conversation,
@@ -434,6 +484,7 @@ class Compactor:
             decision=planner.Decision("forward", "not decided"),
             case=record.case if record else "none",
             summary_joins=summary_joins,
+            origins=where,
         )
 
     def _summary_tokens(self, summary: Message, model: str, joins: bool) -> int:
@@ -445,10 +496,26 @@ class Compactor:
             n -= TOKENS_PER_MESSAGE + self.counter.count_text(role, model)
         return max(n, 0)
 
+    def _joined_counts(self, forwarded: list[Message], counts: list[int], model: str) -> list[int]:
+        """Counts when the summary joins the pins before it and the next user turn into one
+        user turn (``layout.joined_run``): one message's framing for all of them."""
+        run = layout.joined_run(forwarded)
+        if run is None:
+            return counts
+        out = list(counts)
+        for i in run[:-1]:
+            role = str(forwarded[i].get("role", ""))
+            out[i] = max(0, out[i] - TOKENS_PER_MESSAGE - self.counter.count_text(role, model))
+        return out
+
     async def _inline(self, prepared: Prepared) -> Prepared:
         outcome = await self.compact(prepared, inline=True)
         if outcome.record is None:
             return prepared
+        return self._reviewed(prepared, outcome.record)
+
+    def _reviewed(self, prepared: Prepared, record: CompactionRecord) -> Prepared:
+        """``prepared`` as forwarded under a new record."""
         updated = self._view(
             prepared.original,
             prepared.original_counts,
@@ -457,7 +524,7 @@ class Compactor:
             prepared.tenant,
             prepared.credential,
             prepared.conversation,
-            outcome.record,
+            record,
             prepared.original_tokens,
             prepared.summary_joins,
         )
@@ -466,8 +533,104 @@ class Compactor:
         updated.llm_model = prepared.llm_model
         updated.earlier_conversation = prepared.earlier_conversation
         updated.outside_cache_marks = prepared.outside_cache_marks
+        updated.reserve_tokens = prepared.reserve_tokens
         updated.compacted_now = True
         return updated
+
+    async def _prune(self, prepared: Prepared, *, llm_next: bool) -> Prepared | None:
+        """The pruning tier, inline: a record when clearing old tool results pays.
+
+        Every pruning breaks the cached prefix, so it must also leave room to grow: when the
+        pruned history would still be within ``prune_clear_at_least`` of the trigger (the next
+        pruning a round or two away) and the summarizer can run (``llm_next``), the summary
+        tier goes instead: one deeper cache break rather than a series of shallow ones."""
+        s = self.settings
+        outcome = self._pruning(prepared, at_least=s.prune_clear_at_least)
+        if outcome.record is None:
+            return None
+        if llm_next and outcome.record.tokens_after > s.trigger_tokens - s.prune_clear_at_least:
+            return None
+        outcome = await self._store(prepared, outcome)
+        assert outcome.record is not None
+        return self._reviewed(prepared, outcome.record)
+
+    def _pruning(self, prepared: Prepared, *, at_least: int) -> Outcome:
+        started = time.monotonic()
+        model = prepared.model
+        found = prune.plan(
+            prepared.forwarded,
+            self.settings,
+            lambda text: self.counter.count_text(text, model),
+        )
+        if not found.replacements or found.freed_tokens < max(1, at_least):
+            return Outcome("none", None, "pruning would not free enough")
+        new = layout.pruned(_layout_view(prepared), found.replacements)
+        record = self._record(
+            prepared,
+            new,
+            "prune",
+            summary=None,
+            reason=f"cleared {len(found.cleared)} old tool results",
+            started=started,
+            loss=lossreport.report(
+                found.cleared_text,
+                None,
+                lossreport.facts_text(
+                    [found.replacements.get(i, m) for i, m in enumerate(prepared.forwarded)]
+                ),
+            ),
+        )
+        if record is None:
+            return Outcome("none", None, "pruning would not reduce tokens")
+        record = _with(record, pruned=found.cleared)
+        return Outcome("prune", record, record.boundary_reason)
+
+    def _record(
+        self,
+        prepared: Prepared,
+        new: layout.Layout,
+        case: str,
+        *,
+        summary: Message | None,
+        reason: str,
+        started: float,
+        confidence: float = 0.0,
+        loss: lossreport.LossReport | None = None,
+        llm_tokens: int = 0,
+        llm_usd: float = 0.0,
+        found: pins.Pins | None = None,
+    ) -> CompactionRecord | None:
+        """A record for a new layout, or None when it would not reduce tokens."""
+        counts = prepared.forwarded_counts
+        tokens_after = sum(counts[i] for i in new.kept) + 3
+        tokens_after += sum(self.counter.count_message(m, prepared.model) for m in new.added)
+        if tokens_after >= prepared.forwarded_tokens:
+            return None
+        head_len = _head_len(prepared)
+        return CompactionRecord(
+            k=new.k,
+            prefix_hash=prepared.chain[new.k].hex(),
+            head_len=head_len,
+            summary=summary,
+            case=case,
+            covered=new.k - head_len,
+            created_at=time.time(),
+            tokens_before=prepared.forwarded_tokens,
+            tokens_after=tokens_after,
+            boundary_reason=reason,
+            confidence=confidence,
+            facts_kept=list(loss.kept) if loss else [],
+            facts_dropped=list(loss.dropped) if loss else [],
+            facts_appended=list(loss.appended) if loss else [],
+            facts_elsewhere=list(loss.elsewhere) if loss else [],
+            duration_s=round(time.monotonic() - started, 4),
+            model=prepared.model,
+            llm_tokens=llm_tokens,
+            llm_usd=llm_usd,
+            prefix=new.entries,
+            pinned=_pin_lines(prepared, found.reasons if found else {}),
+            unpinned=_pin_lines(None, found.oversized if found else {}, prepared.origins),
+        )
 
     def schedule(self, prepared: Prepared) -> None:
         """After a successful response: persist the stability tracker and run a background
@@ -629,7 +792,9 @@ class Compactor:
         s = self.settings
         fwd, counts = prepared.forwarded, prepared.forwarded_counts
         head_len = _head_len(prepared)
-        plan = planner.plan_cut(fwd, counts, head_len, s)
+        earlier_at = layout.summary_position(_layout_view(prepared))
+        body = head_len if earlier_at is None else earlier_at + 1
+        plan = planner.plan_cut(fwd, counts, head_len, s, body)
         if plan is None:
             return Outcome("none", None, "nothing to cut")
         offset, window = detector.detector_window(fwd, plan.body_start, s.detector_window_messages)
@@ -655,8 +820,8 @@ class Compactor:
         boundary = None if detection.boundary_index is None else offset + detection.boundary_index
         case, cut = planner.choose_case(plan, boundary, detection.confidence, s)
         earlier = None
-        if plan.body_start > head_len:
-            earlier = summarizer.strip_summary_header(str(fwd[head_len].get("content", "")))
+        if earlier_at is not None:
+            earlier = summarizer.strip_summary_header(str(fwd[earlier_at].get("content", "")))
         if case == "truncate":
             if not s.truncate_keeps_note:
                 text = None
@@ -695,7 +860,7 @@ class Compactor:
                 text = await summarizer.summarize(
                     complete,
                     self.prompts.summarizer,
-                    fwd[plan.body_start : cut],
+                    _unpinned(fwd, self._pins(prepared, body, cut), body, cut),
                     earlier,
                     s.summary_budget_tokens,
                     _transcript_chars(s.summary_model or prepared.model),
@@ -715,6 +880,23 @@ class Compactor:
             llm_usd=llm_usd,
         )
 
+    def _pins(self, prepared: Prepared, start: int, cut: int) -> pins.Pins:
+        """Pins of the span ``[start, cut)`` plus the user turn a round cut falls in."""
+        fwd = prepared.forwarded
+        found = pins.find(
+            fwd[:cut],
+            prepared.forwarded_counts,
+            prepared.origins,
+            first_user_index(prepared.original),
+            self.settings,
+            start,
+        )
+        opener = layout.turn_opener(fwd, cut, start)
+        limit = self.settings.trigger_tokens * self.settings.pin_max_share
+        if opener is not None and prepared.forwarded_counts[opener] <= limit:
+            found = pins.with_pin(found, opener, "the instruction of the current turn")
+        return found
+
     def _build(
         self,
         prepared: Prepared,
@@ -729,19 +911,24 @@ class Compactor:
         llm_usd: float = 0.0,
         refs_scale: bool = True,
     ) -> Outcome:
-        """A record for cutting the forwarded list at ``cut``, if it saves tokens.
+        """A record for cutting the forwarded list at ``cut``, if it saves tokens. Pins of the
+        replaced span stay in place.
 
         The ``Key references:`` budget grows with the span unless ``refs_scale`` is False (the
         emergency path, whose note size is fixed in advance)."""
         fwd = prepared.forwarded
+        view = _layout_view(prepared)
         head_len = _head_len(prepared)
-        # forwarded[i] is original[i + shift] for every i past the head and summary.
-        shift = prepared.record.k - body_start(prepared.record) if prepared.record else 0
-        k = cut + shift
-        covered = k - head_len
+        earlier_at = layout.summary_position(view)
+        body = head_len if earlier_at is None else earlier_at + 1
+        found = self._pins(prepared, body, cut)
+        new = layout.replaced(view, head_len, body, cut, found, None)
+        covered = new.k - head_len
         summary_msg = None
-        span_text = lossreport.facts_text(fwd[head_len:cut])
-        rest_text = lossreport.facts_text([*fwd[:head_len], *fwd[cut:]])
+        span = _unpinned(fwd, found, head_len, cut)
+        span_text = lossreport.facts_text(span)
+        replaced = {i for i in range(head_len, cut) if i not in found}
+        rest_text = lossreport.facts_text([m for i, m in enumerate(fwd) if i not in replaced])
         if text is not None:
             budget = self.settings.key_references_max_chars
             if refs_scale:
@@ -752,56 +939,83 @@ class Compactor:
         loss = lossreport.report(
             span_text, None if summary_msg is None else str(summary_msg["content"]), rest_text
         )
-        counts = prepared.forwarded_counts
-        tokens_after = sum(counts[:head_len]) + sum(counts[cut:]) + 3
-        if summary_msg is not None:
-            tokens_after += self._summary_tokens(
-                summary_msg, prepared.model, prepared.summary_joins
-            )
-        if tokens_after >= prepared.forwarded_tokens:
-            return Outcome("none", None, "compaction would not reduce tokens")
-        record = CompactionRecord(
-            k=k,
-            prefix_hash=prepared.chain[k].hex(),
-            head_len=head_len,
+        new = layout.replaced(view, head_len, body, cut, found, summary_msg)
+        record = self._record(
+            prepared,
+            new,
+            case,
             summary=summary_msg,
-            case=case,
-            covered=covered,
-            created_at=time.time(),
-            tokens_before=prepared.forwarded_tokens,
-            tokens_after=tokens_after,
-            boundary_reason=reason,
+            reason=reason,
+            started=started,
             confidence=confidence,
-            facts_kept=list(loss.kept),
-            facts_dropped=list(loss.dropped),
-            facts_appended=list(loss.appended),
-            facts_elsewhere=list(loss.elsewhere),
-            duration_s=round(time.monotonic() - started, 4),
-            model=prepared.model,
+            loss=loss,
             llm_tokens=llm_tokens,
             llm_usd=llm_usd,
+            found=found,
         )
+        if record is None:
+            return Outcome("none", None, "compaction would not reduce tokens")
         return Outcome(case, record, reason or case)
 
     def _emergency(self, prepared: Prepared, limit: int, reason: str) -> Outcome:
-        head_len = _head_len(prepared)
-        note_tokens = 40 + self.settings.key_references_max_chars // 3
+        """No LLM: prune every old tool result, then drop the oldest whole rounds (pins and the
+        recent window stay) down to the trigger, so that this does not fire again soon."""
+        started = time.monotonic()
+        pruned = self._pruning(prepared, at_least=1)
+        work = prepared if pruned.record is None else self._reviewed(prepared, pruned.record)
+        work.decision = prepared.decision
+        if pruned.record is not None and work.forwarded_tokens <= self.settings.trigger_tokens:
+            return pruned
+        head_len = _head_len(work)
+        view = _layout_view(work)
+        earlier_at = layout.summary_position(view)
+        body = head_len if earlier_at is None else earlier_at + 1
+        note_tokens = 40 + self.settings.key_references_max_chars // 2
+        counts = work.forwarded_counts
+        everything = self._pins(work, body, len(work.forwarded))
+        # kept[c]: tokens staying before cut c (head, the previous summary's pins, span pins).
+        kept = [0] * (len(counts) + 1)
+        for i in range(len(counts)):
+            stays = i < body and i != earlier_at or i in everything
+            kept[i + 1] = kept[i] + (counts[i] if stays else 0)
         cut = planner.emergency_cut(
-            prepared.forwarded, prepared.forwarded_counts, head_len, limit, note_tokens
+            work.forwarded,
+            counts,
+            head_len,
+            limit,
+            note_tokens,
+            target_tokens=self.settings.trigger_tokens,
+            body_start=body,
+            kept_tokens=kept,
         )
         if cut is None:
-            return Outcome("none", None, f"{reason}; nothing can be dropped")
+            return (
+                pruned
+                if pruned.record is not None
+                else Outcome("none", None, f"{reason}; nothing can be dropped")
+            )
         outcome = self._build(
-            prepared,
+            work,
             cut,
             EMERGENCY_NOTE,
             "emergency",
             reason=reason,
             confidence=0.0,
-            started=time.monotonic(),
+            started=started,
             refs_scale=False,
         )
-        return outcome
+        if outcome.record is None:
+            return pruned if pruned.record is not None else outcome
+        record = outcome.record
+        if pruned.record is not None:
+            # One record for both steps, measured against what was forwarded before either.
+            record = _with(
+                record,
+                tokens_before=prepared.forwarded_tokens,
+                pruned=pruned.record.pruned,
+                facts_dropped=[*pruned.record.facts_dropped, *record.facts_dropped],
+            )
+        return Outcome("emergency", record, outcome.reason)
 
     async def _store(self, prepared: Prepared, outcome: Outcome) -> Outcome:
         record = outcome.record
@@ -927,3 +1141,33 @@ def _head_len(prepared: Prepared) -> int:
 def controls_sampled(conversation: str, settings: CompactionSettings) -> bool:
     """Whether shadow mode runs this conversation's would-be compactions."""
     return _sampled(conversation, settings.shadow_sample_rate)
+
+
+def _pin_lines(
+    prepared: Prepared | None, reasons: dict[int, str], where: Sequence[int | None] = ()
+) -> list[str]:
+    """Loss-report lines naming pins by original message index; the pins an earlier record
+    kept in place are still pinned."""
+    if prepared is not None:
+        where = prepared.origins
+    lines = [f"message {where[i]}: {why}" for i, why in reasons.items()]
+    earlier = prepared.record.pinned if prepared is not None and prepared.record else []
+    return list(dict.fromkeys([*earlier, *lines]))
+
+
+def _layout_view(prepared: Prepared) -> layout.View:
+    return layout.View(
+        prepared.forwarded,
+        prepared.origins,
+        body_start(prepared.record),
+        len(prepared.original),
+    )
+
+
+def _unpinned(messages: Sequence[Message], found: pins.Pins, start: int, cut: int) -> list[Message]:
+    """The span ``[start, cut)`` without its pins (they are forwarded, not summarized)."""
+    return [messages[i] for i in range(start, cut) if i not in found]
+
+
+def _with(record: CompactionRecord, **changes: Any) -> CompactionRecord:
+    return dataclasses.replace(record, **changes)

@@ -214,6 +214,13 @@ def _check(config: Config) -> None:
         raise ConfigError("compaction.min_confidence: must be between 0 and 1")
     if not 0.0 <= c.shadow_sample_rate <= 1.0:
         raise ConfigError("compaction.shadow_sample_rate: must be between 0 and 1")
+    if not 0.0 < c.pin_max_share <= 1.0:
+        raise ConfigError("compaction.pin_max_share: must be above 0 and at most 1")
+    for i, pattern in enumerate(c.pin_patterns):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"compaction.pin_patterns[{i}]: not a valid regex: {exc}") from exc
     if c.summary_budget_tokens < 16:
         raise ConfigError("compaction.summary_budget_tokens: must be at least 16")
     if c.summary_base_url and not c.summary_base_url.startswith(("http://", "https://")):

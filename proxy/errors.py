@@ -28,6 +28,12 @@ class PayloadTooLarge(BadRequest):
     code = "request_too_large"
 
 
+class ContextTooLong(BadRequest):
+    """Even compacted, the request is over the model's context window: nothing can be dropped."""
+
+    code = "context_length_exceeded"
+
+
 class NotFound(ProxyError):
     """No such route."""
 

@@ -110,13 +110,15 @@ def summary_index(messages: Sequence[Message], head_len: int) -> int | None:
     return None
 
 
-def cut_points(messages: Sequence[Message], start: int = 0) -> list[int]:
-    """Legal cut indices >= ``start``: a user turn with no tool call left unanswered before it.
+def cut_points(messages: Sequence[Message], start: int = 0, rounds: bool = True) -> list[int]:
+    """Legal cut indices >= ``start``: a user turn start, or (``rounds``) an assistant message
+    right after a completed tool round, with no tool call left unanswered before it.
 
     A cut at i keeps ``messages[i:]``. It is illegal when a tool result at or after i answers a
     call issued before i, so a tool call is never separated from its results; a user message
-    that carries tool results (Anthropic ``tool_result`` blocks) is never a turn start. A call
-    that is never answered separates nothing.
+    that carries tool results (Anthropic ``tool_result`` blocks) is never a turn start, and a
+    system message is never a cut. A call that is never answered separates nothing. A cut
+    between rounds lets a single-instruction agent loop of any length be compacted.
     """
     issued_at: dict[str, int] = {}
     # blocked[i] > 0 while some call issued before i is answered at or after i.
@@ -136,7 +138,10 @@ def cut_points(messages: Sequence[Message], start: int = 0) -> list[int]:
     blocked = 0
     for i, m in enumerate(messages):
         blocked += delta[i]
-        if i >= start and m.get("role") == "user" and blocked == 0 and not answers[i]:
+        if i < start or blocked or answers[i]:
+            continue
+        role = m.get("role")
+        if role == "user" or (rounds and role == "assistant" and i > 0 and answers[i - 1]):
             cuts.append(i)
     return cuts
 
@@ -151,21 +156,23 @@ def verbatim_start(
     """Where the verbatim window begins: a legal cut > ``body_start``, or None.
 
     Scans back from the end while the window budget lasts, extends the window until it holds
-    at least ``min_verbatim_exchanges`` user turns, then moves back to a legal turn start.
+    at least ``min_verbatim_exchanges`` exchanges (an exchange starts at every legal cut: a user
+    turn, or a tool round), then moves back to a legal cut.
     """
     budget = settings.verbatim_window_tokens
+    starts = set(cuts)
     tokens = 0
-    users = 0
+    exchanges = 0
     point = len(messages)
     for i in range(len(messages) - 1, body_start - 1, -1):
         fits = tokens + counts[i] <= budget
-        if not fits and users >= settings.min_verbatim_exchanges:
+        if not fits and exchanges >= settings.min_verbatim_exchanges:
             break
         tokens += counts[i]
-        if messages[i].get("role") == "user":
-            users += 1
+        if i in starts:
+            exchanges += 1
         point = i
-    if users < settings.min_verbatim_exchanges:
+    if exchanges < settings.min_verbatim_exchanges:
         return None
     legal = [c for c in cuts if body_start < c <= point]
     return legal[-1] if legal else None
@@ -174,15 +181,9 @@ def verbatim_start(
 def latest_cut_keeping(
     messages: Sequence[Message], cuts: Sequence[int], min_exchanges: int
 ) -> int | None:
-    """The latest legal cut that still keeps ``min_exchanges`` user turns verbatim."""
-    best = None
-    users_after = [0] * (len(messages) + 1)
-    for i in range(len(messages) - 1, -1, -1):
-        users_after[i] = users_after[i + 1] + (messages[i].get("role") == "user")
-    for c in cuts:
-        if users_after[c] >= max(1, min_exchanges):
-            best = c
-    return best
+    """The latest legal cut that still keeps ``min_exchanges`` exchanges verbatim."""
+    need = max(1, min_exchanges)
+    return cuts[-need] if len(cuts) >= need else None
 
 
 def nearest_cut(index: int, cuts: Sequence[int], lower: int, upper: int | None) -> int | None:
@@ -209,10 +210,15 @@ def plan_cut(
     counts: Sequence[int],
     head_len: int,
     settings: CompactionSettings,
+    body_start: int | None = None,
 ) -> CutPlan | None:
-    """The cut plan for ``messages`` (head, optional earlier summary, body), or None."""
-    s_idx = summary_index(messages, head_len)
-    body_start = head_len + (1 if s_idx is not None else 0)
+    """The cut plan for ``messages`` (head, optional pins and earlier summary, body), or None.
+
+    ``body_start``: where the body begins (after an earlier summary); by default right after
+    the head, or after a summary found right after it."""
+    if body_start is None:
+        s_idx = summary_index(messages, head_len)
+        body_start = head_len + (1 if s_idx is not None else 0)
     cuts = cut_points(messages, body_start)
     start = verbatim_start(messages, counts, body_start, settings, cuts)
     if start is None:
@@ -252,23 +258,39 @@ def emergency_cut(
     head_len: int,
     limit_tokens: int,
     note_tokens: int,
+    *,
+    target_tokens: int | None = None,
+    body_start: int | None = None,
+    kept_tokens: Sequence[int] | None = None,
 ) -> int | None:
-    """The earliest legal cut whose result fits ``limit_tokens``; else the last legal cut.
+    """Where emergency truncation cuts: the earliest legal cut whose result fits
+    ``target_tokens`` (the trigger: so that it does not fire again a few requests later), else
+    the earliest that fits ``limit_tokens``, else the last legal cut.
 
-    Emergency truncation drops the oldest whole turns when no LLM path could help.
+    The oldest whole rounds are dropped when no LLM path could help. ``kept_tokens[c]``: tokens
+    of what stays in place before cut c (head, pins); by default the head alone.
     """
-    s_idx = summary_index(messages, head_len)
-    body_start = head_len + (1 if s_idx is not None else 0)
+    if body_start is None:
+        s_idx = summary_index(messages, head_len)
+        body_start = head_len + (1 if s_idx is not None else 0)
     cuts = [c for c in cut_points(messages, body_start) if c > body_start]
     if not cuts:
         return None
-    head_tokens = sum(counts[:head_len]) + note_tokens
     suffix = [0] * (len(messages) + 1)
     for i in range(len(messages) - 1, -1, -1):
         suffix[i] = suffix[i + 1] + counts[i]
-    for c in cuts:
-        if head_tokens + suffix[c] <= limit_tokens:
-            return c
+    head_tokens = sum(counts[:head_len])
+
+    def size(c: int) -> int:
+        kept = kept_tokens[c] if kept_tokens is not None else head_tokens
+        return kept + note_tokens + suffix[c]
+
+    for bound in (target_tokens, limit_tokens):
+        if bound is None:
+            continue
+        for c in cuts:
+            if size(c) <= bound:
+                return c
     return cuts[-1]
 
 

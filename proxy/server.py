@@ -29,7 +29,7 @@ from .bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
 from .compactor import Compactor, Prepared, Prompts
 from .config import Config, load_prompt
 from .controls import request_controls
-from .errors import BadRequest, PayloadTooLarge, ProxyError, StoreError
+from .errors import BadRequest, ContextTooLong, PayloadTooLarge, ProxyError, StoreError
 from .fingerprint import tenant_id
 from .forward import (
     make_client,
@@ -53,7 +53,7 @@ from .surfaces import (
     openai_error,
     usage_of,
 )
-from .tokens import warm_tokenizers
+from .tokens import TokenCounter, warm_tokenizers
 from .validation import parse_json_object
 
 log = logging.getLogger("compaction_proxy.server")
@@ -143,6 +143,20 @@ def parse_and_validate(raw: bytes, surface: Surface) -> dict[str, Any]:
     return body
 
 
+def reserve_tokens(body: dict[str, Any], counter: TokenCounter) -> int:
+    """What a request needs besides its messages: tool schemas and the requested reply."""
+    reserve = 0
+    tools = body.get("tools")
+    if tools:
+        reserve += counter.count_text(orjson.dumps(tools).decode(), str(body.get("model", "")))
+    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            reserve += value
+            break
+    return reserve
+
+
 async def chat_completions(request: Request) -> Response:
     return await _serve(request, OPENAI_CHAT)
 
@@ -191,10 +205,18 @@ async def _serve(request: Request, surface: Surface) -> Response:
             offload=big,
             outside_cache_marks=surface.outside_cache_marks(body),
             summary_joins=surface.summary_joins,
+            reserve_tokens=reserve_tokens(body, res.compactor.counter),
         )
     except Exception:  # fail open: a compaction problem never fails the request
         log.exception("compaction core failed; forwarding unchanged")
         prepared = None
+    if prepared is not None and prepared.too_long:
+        # Nothing left to drop: the provider would reject it; say so in the route's shape.
+        raise ContextTooLong(
+            f"the conversation needs {prepared.forwarded_tokens} tokens after compaction "
+            f"(plus {prepared.reserve_tokens} for tools and the reply), more than the "
+            f"context window of {body['model']}; start a new conversation or shorten it"
+        )
 
     stream = body.get("stream") is True
     out = body

@@ -48,6 +48,16 @@ class CompactionSettings:
     # llama.cpp server), with its own key; null: the upstream, with the client's key.
     summary_base_url: str | None = None
     summary_api_key: str | None = None
+    # Pinned content (DESIGN §10): never summarized or pruned, forwarded in place.
+    pin_first_user: bool = True
+    pin_patterns: tuple[str, ...] = ()
+    pin_max_share: float = 0.25
+    # The pruning tier: old tool results become placeholders before any LLM call.
+    prune: bool = True
+    prune_keep_tool_results: int = 3
+    prune_protect_tokens: int = 4_000
+    prune_clear_at_least: int = 4_000
+    prune_exclude_tools: tuple[str, ...] = ()
 
     @property
     def emergency_tokens(self) -> int:

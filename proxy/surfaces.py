@@ -15,7 +15,8 @@ from typing import Any, Literal
 import orjson
 
 from .errors import BadRequest
-from .messages import SUMMARY_PREFIX, Message, text_of
+from .layout import joined_run
+from .messages import Message
 from .validation import validate_chat
 
 View = list[Message]
@@ -140,31 +141,22 @@ def _blocks_of(content: Any) -> list[Any]:
     return list(content) if isinstance(content, list) else []
 
 
-def _is_summary(message: Message) -> bool:
-    """Our summary turn: a user turn of one text block (or a string) with our header."""
-    content = message.get("content")
-    one_block = isinstance(content, str) or (isinstance(content, list) and len(content) == 1)
-    return (
-        message.get("role") == "user" and one_block and text_of(message).startswith(SUMMARY_PREFIX)
-    )
-
-
 def join_summary(messages: View) -> View:
-    """The summary joins the first kept user turn as its first text block.
+    """The summary joins the pins before it and the first kept user turn into one user turn.
 
-    The Messages API wants user and assistant turns to alternate; a summary turn of its own
-    followed by the kept user turn would be two user turns the client never sent. Pure and
-    deterministic, so the forwarded bytes stay the same from one request to the next (the
-    summary block keeps its cache mark, so the cached prefix still ends after it).
+    The Messages API wants user and assistant turns to alternate; a summary turn of its own,
+    next to the pinned user turns kept in place (the task, client instructions) and the kept
+    user turn, would be user turns the client never sent side by side. Pure and deterministic,
+    so the forwarded bytes stay the same from one request to the next (blocks keep their cache
+    marks, so the cached prefix still ends where it did).
     """
-    at = next((i for i, m in enumerate(messages) if m.get("role") != "system"), None)
-    if at is None or at + 1 >= len(messages) or not _is_summary(messages[at]):
+    run = joined_run(messages)
+    if run is None:
         return messages
-    kept = messages[at + 1]
-    if kept.get("role") != "user":
-        return messages
-    merged = {**kept, "content": _blocks_of(messages[at]["content"]) + _blocks_of(kept["content"])}
-    return [*messages[:at], merged, *messages[at + 2 :]]
+    start, end = run[0], run[-1] + 1
+    blocks = [b for m in messages[start:end] for b in _blocks_of(m["content"])]
+    merged = {**messages[end - 1], "content": blocks}
+    return [*messages[:start], merged, *messages[end:]]
 
 
 def _messages_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:

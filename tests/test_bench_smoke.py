@@ -75,9 +75,9 @@ def test_report_has_every_section_with_numbers(smoke: tuple[Path, str]) -> None:
     assert "python -m bench.run --smoke" in report
     machine = section(report, "Machine and command")
     assert "CPUs" in machine and "Python 3." in machine
-    for heading in ("Aims", "1. Overhead", "2. Core cost", "3. Savings", "4. Compaction policies",
-                    "5. Where the added time goes",
-                    "6. Servers and forwarders side by side"):  # fmt: skip
+    headings = ("Aims", "1. Overhead", "2. Core cost", "3. Savings", "4. Compaction policies")
+    more = ("5. Where the added time goes", "6. Servers and forwarders side by side")
+    for heading in (*headings, *more, "7. Agent session"):
         text = section(report, heading)
         assert "This section failed" not in text, text[-3000:]
         rows = table_rows(text)
@@ -117,6 +117,17 @@ def test_savings_chart_is_written(smoke: tuple[Path, str]) -> None:
     out, report = smoke
     assert "](savings.png)" in section(report, "3. Savings")
     assert (out / "savings.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_agent_session_reports_forwarded_cacheable_and_cost(smoke: tuple[Path, str]) -> None:
+    _, report = smoke
+    labels = {row[0]: row[1:] for row in table_rows(section(report, "7. Agent session"))}
+    for label in ("tokens forwarded upstream", "cacheable share of forwarded tokens",
+                  "$ with compaction (incl. those calls)", "$ forwarding unchanged",
+                  "prunings / compactions / failures"):  # fmt: skip
+        assert label in labels, f"no {label!r} row"
+    aims = {row[0] for row in table_rows(section(report, "Aims"))}
+    assert any(a.startswith("$ ≤ 0.35× forwarding unchanged (agent session") for a in aims)
 
 
 def test_smoke_refuses_to_write_into_docs() -> None:

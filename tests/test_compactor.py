@@ -22,7 +22,7 @@ from proxy.errors import CompactionFailed
 from proxy.fingerprint import fingerprints, prefix_chain
 from proxy.llm import LLMReply
 from proxy.messages import SUMMARY_PREFIX
-from proxy.records import conv_key
+from proxy.records import body_start, conv_key
 from proxy.settings import CompactionSettings
 from proxy.store import DiskStore
 from proxy.tokens import TokenCounter
@@ -36,6 +36,9 @@ SETTINGS = CompactionSettings(
     summary_budget_tokens=200,
     min_verbatim_exchanges=2,
     cooldown_s=300,
+    # These tests are about the summary tier; pins and pruning have their own (test_agents).
+    pin_first_user=False,
+    prune=False,
 )
 NULL_DETECTION = '{"boundary_index": null, "boundary_reason": "", "confidence": 0, "summary": ""}'
 # On topic: the summary checks reject a summary whose words do not occur in the span.
@@ -99,6 +102,15 @@ def forwarded_text(prepared: Prepared) -> str:
     return "\n".join(str(m.get("content") or "") for m in prepared.forwarded)
 
 
+def summary_text(prepared: Prepared) -> str:
+    """The forwarded summary (or emergency note): pins of the replaced span may precede it."""
+    for m in prepared.forwarded:
+        content = m.get("content")
+        if isinstance(content, str) and content.startswith(SUMMARY_PREFIX):
+            return content
+    raise AssertionError("no summary forwarded")
+
+
 def assert_well_formed(prepared: Prepared) -> None:
     """What would be forwarded: head first and intact, the tail byte-identical, tools paired."""
     fwd, orig = prepared.forwarded, prepared.original
@@ -108,13 +120,13 @@ def assert_well_formed(prepared: Prepared) -> None:
         return
     head = record.head_len
     assert dumps(fwd[:head]) == dumps(orig[:head])
-    body = head + (1 if record.summary is not None else 0)
+    body = body_start(record)
     if record.summary is not None:
-        assert dumps(fwd[head]) == dumps(record.summary)
+        assert dumps(record.summary) in [dumps(m) for m in fwd[head:body]]
     assert dumps(fwd[body:]) == dumps(orig[record.k :])
-    assert fwd[body]["role"] == "user"
+    assert body == len(fwd) or fwd[body]["role"] in ("user", "assistant")
     issued: set[str] = set()
-    for m in fwd[body:]:
+    for m in fwd:
         for call in m.get("tool_calls") or []:
             issued.add(call["id"])
         if m.get("role") == "tool":
@@ -258,8 +270,8 @@ async def test_inline_compaction_substitutes_on_the_next_prepare(make: MakeCompa
     assert first.compacted_now and first.case == "summarize"
     assert first.record is not None
     assert first.forwarded_tokens < first.original_tokens
-    assert first.forwarded[1]["content"].startswith(f"{SUMMARY_PREFIX}{first.record.k - 1} earlier")
-    assert GOOD_SUMMARY in first.forwarded[1]["content"]
+    assert summary_text(first).startswith(f"{SUMMARY_PREFIX}{first.record.k - 1} earlier")
+    assert GOOD_SUMMARY in summary_text(first)
     assert_well_formed(first)
     assert [c.purpose for c in llm.calls] == ["detector", "summarizer"]
 
@@ -325,16 +337,24 @@ async def test_later_compaction_folds_in_the_earlier_summary(make: MakeCompactor
         sum(1 for m in second.forwarded if str(m.get("content", "")).startswith(SUMMARY_PREFIX))
         == 1
     )
-    assert "SECOND-SUMMARY" in second.forwarded[1]["content"]
-    assert second.forwarded[1]["content"].startswith(f"{SUMMARY_PREFIX}{second.record.k - 1} ")
+    assert "SECOND-SUMMARY" in summary_text(second)
+    assert summary_text(second).startswith(f"{SUMMARY_PREFIX}{second.record.k - 1} ")
     assert_well_formed(second)
     # The summarizer's span is exactly what the new record replaces (after the old summary).
-    span_turns = re.findall(r"USER: Turn (\d+)\.", calls[1].user_text)
-    kept_turns = [
-        int(m["content"].split(".")[0].split()[1]) for m in second.forwarded if m["role"] == "user"
+    # Pins of the span (the user turn a cut between rounds falls in) are forwarded, not
+    # summarized: every turn is in the span or forwarded, none in both.
+    span_turns = [int(t) for t in re.findall(r"USER: Turn (\d+)\.", calls[1].user_text)]
+    forwarded_turns = [
+        int(m["content"].split(".")[0].split()[1])
+        for m in second.forwarded
+        if m["role"] == "user" and m["content"].startswith("Turn ")
     ]
-    assert int(span_turns[-1]) + 1 == kept_turns[0]
-    assert int(span_turns[0]) == int(re.findall(r"Turn (\d+)\.", first.forwarded[2]["content"])[0])
+    assert not set(span_turns) & set(forwarded_turns)
+    everything = sorted([*span_turns, *forwarded_turns])
+    assert everything == list(range(everything[0], everything[-1] + 1))
+    after_first = [m for m in first.forwarded[body_start(first.record) :] if m["role"] == "user"]
+    first_kept = int(re.findall(r"Turn (\d+)\.", after_first[0]["content"])[0])
+    assert span_turns[0] <= first_kept
 
 
 async def test_llm_requests_are_prose_without_tool_shapes(make: MakeCompactor) -> None:
@@ -444,7 +464,7 @@ async def test_over_emergency_with_a_failing_llm_truncates_whole_turns(
     assert p.compacted_now and p.case == "emergency"
     assert p.record is not None and p.record.case == "emergency"
     assert p.forwarded_tokens <= limit
-    assert EMERGENCY_NOTE in p.forwarded[1]["content"]
+    assert EMERGENCY_NOTE in summary_text(p)
     assert_well_formed(p)
     # Only whole turns were dropped, the oldest ones, and as few as needed.
     assert p.original[p.record.k]["role"] == "user"
@@ -509,7 +529,7 @@ async def test_confident_boundary_truncates_with_a_note(make: MakeCompactor) -> 
     p = await prepare(c, msgs)
     assert p.compacted_now and p.case == "truncate"
     assert llm.of("summarizer") == []
-    assert "Old topic: the ledger NOTE-42." in p.forwarded[1]["content"]
+    assert "Old topic: the ledger NOTE-42." in summary_text(p)
     assert sum(1 for m in p.forwarded[2:] if m["role"] == "user") == 2
     assert_well_formed(p)
 
@@ -524,7 +544,7 @@ async def test_confident_boundary_truncates_with_a_note(make: MakeCompactor) -> 
     # ... one with paths (src/modN.py) is summarized instead: truncation would lose them.
     p3 = await prepare(c2, msgs, tenant="third")
     assert p3.case == "summarize" and p3.record is not None
-    assert "src/mod2.py" in p3.forwarded[1]["content"]
+    assert "src/mod2.py" in summary_text(p3)
     assert not p3.record.facts_dropped
 
 

@@ -84,8 +84,10 @@ def test_cut_points_never_separate_tool_calls_from_their_results() -> None:
         result("c"),  # 10
         user(),  # 11
     ]
+    assert cut_points(msgs, rounds=False) == [1, 7, 11]
+    # 6: an assistant message after a completed round (a and b both answered) is a cut too.
     cuts = cut_points(msgs)
-    assert cuts == [1, 7, 11]
+    assert cuts == [1, 6, 7, 11]
     for c in cuts:
         assert not separated(msgs, c)
     # Every user message that is not a legal cut really would separate a call from its result.
@@ -154,11 +156,15 @@ def test_verbatim_window_moves_back_to_a_turn_start() -> None:
     assert verbatim_start(msgs, counts, 1, s, cut_points(msgs, 1)) == 7
     for budget in (35, 45):
         # The budget ends inside the turn that starts at 3 (3: user, 4-5: tool round,
-        # 6: answer): the window moves back to that turn's start, never into the round.
+        # 6: answer): the window moves back to that turn's start, never into the round...
         s2 = CompactionSettings(verbatim_window_tokens=budget, min_verbatim_exchanges=1)
-        start = verbatim_start(msgs, counts, 1, s2, cut_points(msgs, 1))
+        start = verbatim_start(msgs, counts, 1, s2, cut_points(msgs, 1, rounds=False))
         assert start == 3
         assert msgs[start]["role"] == "user" and not separated(msgs, start)
+        # ...or to the answer after the completed round, when cuts between rounds are legal.
+        start = verbatim_start(msgs, counts, 1, s2, cut_points(msgs, 1))
+        assert start == 6 if budget == 35 else start == 3
+        assert not separated(msgs, start)
 
 
 def test_verbatim_window_none_when_too_few_exchanges_or_everything_fits() -> None:
@@ -333,7 +339,8 @@ def test_emergency_cut_never_splits_a_tool_round() -> None:
     msgs = [sys_(), user(), calls("a"), user("x"), result("a"), asst(), user(), asst()]
     counts = [10, 10, 10, 10, 10, 10, 10, 10]
     cut = emergency_cut(msgs, counts, 1, limit_tokens=50, note_tokens=0)
-    assert cut == 6 and not separated(msgs, cut)
+    # 5: the answer after the completed round (a answered at 4), a legal cut between rounds.
+    assert cut == 5 and not separated(msgs, cut)
 
 
 def test_emergency_cut_none_when_nothing_can_be_dropped() -> None:

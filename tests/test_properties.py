@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 from proxy.compactor import Compactor, Prepared
 from proxy.errors import CompactionFailed
-from proxy.fingerprint import conversation_id, fingerprints, prefix_chain
+from proxy.fingerprint import conversation_id, fingerprints, first_user_index, prefix_chain
 from proxy.messages import head_length, text_of
 from proxy.planner import cut_points, emergency_cut, plan_cut
+from proxy.records import body_start
 from proxy.settings import CompactionSettings
 from proxy.store import DiskStore
 from proxy.tokens import TokenCounter
@@ -184,23 +185,38 @@ def check_forwarded(p: Prepared, s: CompactionSettings) -> None:
     r = p.record
     assert r.head_len == head
     assert r.tokens_after < r.tokens_before
-    body = head + (1 if r.summary is not None else 0)
+    body = body_start(r)
     if r.summary is not None:
-        assert fwd[head]["content"].startswith(f"[History Summary - {r.k - head} earlier")
-    # The verbatim window is the original tail, byte for byte, starting at a user turn.
+        assert dumps(r.summary) in [dumps(m) for m in fwd[head:body]]
+        assert r.summary["content"].startswith(f"[History Summary - {r.k - head} earlier")
+    # After the record's prefix, the original tail byte for byte.
     assert dumps(fwd[body:]) == dumps(orig[r.k :])
-    assert orig[r.k]["role"] == "user"
-    assert not separated(orig, r.k)
+    if r.case != "prune":
+        # A summary or a drop ends at a legal cut: a user turn or the start of a round.
+        assert r.k == len(orig) or r.k in cut_points(orig)
+        assert not separated(orig, r.k)
     # No tool result in the forwarded list lost its call; no call lost a result it had.
     issued = {c["id"] for m in fwd for c in (m.get("tool_calls") or [])}
     answered_orig = {m["tool_call_id"] for m in orig if m.get("role") == "tool"}
     answered_fwd = {m["tool_call_id"] for m in fwd if m.get("role") == "tool"}
     assert answered_fwd <= issued
     assert (issued & answered_orig) <= answered_fwd
+    # Pinned: system messages anywhere and the task stay, byte for byte, in order.
+    pinned = [m for m in orig if m["role"] in ("system", "developer")]
+    task = first_user_index(orig)
+    limit = int(s.trigger_tokens * s.pin_max_share)
+    system_tokens = tokens(pinned) - 3
+    if task is not None and s.pin_first_user and COUNTER.count_message(orig[task], MODEL) <= limit:
+        if system_tokens + COUNTER.count_message(orig[task], MODEL) <= 2 * limit:
+            before = [m for m in orig[:task] if m["role"] in ("system", "developer")]
+            pinned.insert(len(before), orig[task])
+    forwarded_bytes = [dumps(m) for m in fwd]
+    positions = [forwarded_bytes.index(dumps(m)) for m in pinned]
+    assert positions == sorted(positions)
     # The minimum exchange guarantee (emergency truncation only keeps what fits).
     if r.case in ("summarize", "truncate"):
-        users = sum(1 for m in fwd[body:] if m["role"] == "user")
-        assert users >= s.min_verbatim_exchanges
+        exchanges = [c for c in cut_points(orig) if c >= r.k]
+        assert len(exchanges) >= s.min_verbatim_exchanges
 
 
 def run(coro: Any) -> Any:
@@ -240,7 +256,9 @@ def test_planner_cuts_are_legal(msgs: list[Message], s: CompactionSettings, seed
     head = head_length(msgs)
     cuts = cut_points(msgs)
     for c in cuts:
-        assert msgs[c]["role"] == "user" and not separated(msgs, c)
+        assert msgs[c]["role"] in ("user", "assistant") and not separated(msgs, c)
+        if msgs[c]["role"] == "assistant":  # a cut between rounds: right after a result
+            assert msgs[c - 1]["role"] == "tool"
     # Every user message not listed really would separate a tool round.
     for i, m in enumerate(msgs):
         if m["role"] == "user" and i not in cuts:
@@ -252,8 +270,8 @@ def test_planner_cuts_are_legal(msgs: list[Message], s: CompactionSettings, seed
         assert head < plan.verbatim_start <= plan.latest_cut < len(msgs)
         for c in (plan.verbatim_start, plan.latest_cut):
             assert c in cuts
-            users = sum(1 for m in msgs[c:] if m["role"] == "user")
-            assert users >= s.min_verbatim_exchanges
+            exchanges = [x for x in cuts if x >= c]
+            assert len(exchanges) >= s.min_verbatim_exchanges
     limit = rng.randint(1, sum(counts) + 10)
     cut = emergency_cut(msgs, counts, head, limit, 10)
     if cut is not None:

@@ -82,18 +82,25 @@ def test_responses_route_compacts_a_tool_using_conversation(tmp_path: Path, stre
         for client_items, body in zip(sent, forwarded, strict=True):
             assert body["instructions"] == INSTRUCTIONS
             items = body["input"]
-            first = items[0]
-            if first.get("type") == "message" and str(first.get("content")).startswith(
-                SUMMARY_PREFIX
-            ):
+            at = [
+                i
+                for i, item in enumerate(items)
+                if item.get("type") == "message"
+                and str(item.get("content")).startswith(SUMMARY_PREFIX)
+            ]
+            if at:
                 summaries += 1
-                tail = items[1:]
+                # Before the summary only pins, verbatim: the task first.
+                assert items[0] == client_items[0]
+                assert all(m in client_items for m in items[: at[0]])
+                tail = items[at[0] + 1 :]
             else:
                 tail = items
             assert tail == client_items[len(client_items) - len(tail) :], (
                 "recent items not verbatim"
             )
-            assert tail[0].get("role") == "user"
+            # A user turn, or a cut between rounds (never a function output).
+            assert tail[0].get("type") != "function_call_output"
             issued = {i["call_id"] for i in tail if i.get("type") == "function_call"}
             for i in tail:
                 if i.get("type") == "function_call_output":
