@@ -34,6 +34,7 @@ from .fingerprint import fingerprints, prefix_chain
 from .ledger import TOTALS_KEY
 from .records import (
     CompactionRecord,
+    body_start,
     conv_key,
     find_checkpoint,
     parse_checkpoints,
@@ -324,6 +325,9 @@ def histories(store: Store, counter: TokenCounter, tenant: str, conv: str) -> di
             "k": record.k,
             "head_len": record.head_len,
             "has_summary": record.summary is not None,
+            # Where the client's own tail begins in the forwarded list (after the head, pins,
+            # the summary and pruned placeholders).
+            "body_start": body_start(record),
             "case": record.case,
             "prefix_hash": record.prefix_hash,
         },

@@ -577,6 +577,8 @@ def histories_html(hist: dict[str, Any]) -> str:
     head_len = record["head_len"] if record else 0
     k = record["k"] if record else 0
     body_start = head_len + (1 if record and record["has_summary"] else 0)
+    if record and isinstance(record.get("body_start"), int):
+        body_start = record["body_start"]
     rows = []
 
     def pair(left: str, right: str, cls: str = "pair") -> None:
@@ -611,11 +613,9 @@ def histories_html(hist: dict[str, Any]) -> str:
             f"{fmt_int(sum(ot[head_len:k]))} tokens replaced by the summary (show)</summary>"
             f"{replaced}</details>"
         )
-        right = (
-            message_html(fm[head_len], ft[head_len])
-            if record["has_summary"]
-            else '<p class="mute">Dropped without a note.</p>'
-        )
+        # Pins kept in place, the summary or note, pruned placeholders: what replaces the span.
+        right = "".join(message_html(fm[j], ft[j]) for j in range(head_len, body_start))
+        right = right or '<p class="mute">Dropped without a note.</p>'
         pair(left, right, "pair replaced-span")
     for offset, i in enumerate(range(k if record else head_len, len(om))):
         j = body_start + offset
