@@ -39,7 +39,6 @@ from .fingerprint import (
     earlier_conversation_id,
     fingerprint,
     fingerprints,
-    first_user_index,
     prefix_chain,
 )
 from .llm import LLM, LLMReply
@@ -887,7 +886,7 @@ class Compactor:
             fwd[:cut],
             prepared.forwarded_counts,
             prepared.origins,
-            first_user_index(prepared.original),
+            pins.first_user_index(prepared.original),
             self.settings,
             start,
         )

@@ -65,6 +65,11 @@ def _user_text(message: Message) -> str:
     return "\n".join(parts)
 
 
+def first_user_index(messages: Sequence[Message]) -> int | None:
+    """Index of the conversation's first user message (the task), if any."""
+    return next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+
+
 def reason(message: Message, *, first_user: bool, settings: CompactionSettings) -> str | None:
     """Why ``message`` is pinned, or None."""
     role = message.get("role")

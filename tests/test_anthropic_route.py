@@ -128,9 +128,7 @@ def test_messages_route_compacts_a_tool_using_conversation(tmp_path: Path, strea
             expected = [{**m, "content": _plain(m["content"])} for m in client_msgs]
             blocks = msgs[0]["content"] if isinstance(msgs[0]["content"], list) else []
             at = [
-                n
-                for n, b in enumerate(blocks)
-                if str(b.get("text", "")).startswith(SUMMARY_PREFIX)
+                n for n, b in enumerate(blocks) if str(b.get("text", "")).startswith(SUMMARY_PREFIX)
             ]
             tail = [{**m, "content": _plain(m["content"])} for m in msgs]
             if at:

@@ -23,8 +23,9 @@ from hypothesis import strategies as st
 
 from proxy.compactor import Compactor, Prepared
 from proxy.errors import CompactionFailed
-from proxy.fingerprint import conversation_id, fingerprints, first_user_index, prefix_chain
+from proxy.fingerprint import conversation_id, fingerprints, prefix_chain
 from proxy.messages import head_length, text_of
+from proxy.pins import first_user_index
 from proxy.planner import cut_points, emergency_cut, plan_cut
 from proxy.records import body_start
 from proxy.settings import CompactionSettings
