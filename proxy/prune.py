@@ -24,11 +24,13 @@ from typing import Any
 
 import orjson
 
+from .keyfacts import facts_in, ranked
 from .messages import Message
 from .settings import CompactionSettings
 
 ITEM_KEY = "_responses_item"  # proxy.surfaces.ITEM_KEY (kept here: the core imports no surface)
 CLEARED = "[tool result cleared by compaction-proxy: "
+FACTS_CHARS = 160  # key references a placeholder keeps from the output it replaces
 KEY_ARGUMENTS = (
     "path",
     "file_path",
@@ -151,7 +153,25 @@ def placeholder(result: ToolResult, tokens: int, repeated: bool) -> str:
     call = f"{result.name}({key_arguments(result.arguments)})"
     if repeated:
         return f"{CLEARED}{call} was called again later with the same arguments; see the latest]"
-    return f"{CLEARED}{call} returned {tokens} tokens; call the tool again if you need them]"
+    refs = key_references(result.text)
+    return (
+        f"{CLEARED}{call} returned {tokens} tokens; call the tool again if you need them"
+        + (f". Key references: {refs}]" if refs else "]")
+    )
+
+
+def key_references(text: str, max_chars: int = FACTS_CHARS) -> str:
+    """The output's most identifying facts (ids, paths, numbers with units...), bounded: what
+    the model most likely needs again without calling the tool."""
+    kept: list[str] = []
+    used = 0
+    for found in ranked(facts_in(text, limit=50)):
+        fact = " ".join(found.text.split())
+        if len(fact) > 60 or used + len(fact) + 2 > max_chars:
+            continue
+        kept.append(fact)
+        used += len(fact) + 2
+    return "; ".join(kept)
 
 
 def _replace(message: Message, result: ToolResult, text: str) -> Message:
