@@ -154,10 +154,8 @@ def placeholder(result: ToolResult, tokens: int, repeated: bool) -> str:
     if repeated:
         return f"{CLEARED}{call} was called again later with the same arguments; see the latest]"
     refs = key_references(result.text)
-    return (
-        f"{CLEARED}{call} returned {tokens} tokens; call the tool again if you need them"
-        + (f". Key references: {refs}]" if refs else "]")
-    )
+    tail = f". Key references: {refs}]" if refs else "]"
+    return f"{CLEARED}{call} returned {tokens} tokens; call the tool again if you need them{tail}"
 
 
 def key_references(text: str, max_chars: int = FACTS_CHARS) -> str:
