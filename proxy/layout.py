@@ -66,18 +66,24 @@ def summary_position(view: View) -> int | None:
 
 def joined_run(messages: Sequence[Message]) -> list[int] | None:
     """Positions forwarded as one user turn where turns must alternate (/v1/messages): the
-    summary, the user turns right before it (pins our placement put side by side) and the
-    first kept user turn after it (a turn start: it never carries tool results)."""
+    summary, the user turns before it (pins our placement put side by side) and the first
+    kept user turn after it (a turn start: it never carries tool results). System messages
+    in between take no part in alternation; they follow the joined turn."""
     at = next((i for i, m in enumerate(messages) if _is_summary(m)), None)
     if at is None:
         return None
-    start = at
-    while start > 0 and messages[start - 1].get("role") == "user":
-        start -= 1
-    end = at + 1
-    if end < len(messages) and messages[end].get("role") == "user":
-        end += 1
-    return list(range(start, end)) if end - start > 1 else None
+    members = [at]
+    i = at - 1
+    while i >= 0 and messages[i].get("role") in ("user", "system"):
+        if messages[i].get("role") == "user":
+            members.insert(0, i)
+        i -= 1
+    j = at + 1
+    while j < len(messages) and messages[j].get("role") == "system":
+        j += 1
+    if j < len(messages) and messages[j].get("role") == "user":
+        members.append(j)
+    return members if len(members) > 1 else None
 
 
 def _is_summary(message: Message) -> bool:

@@ -150,13 +150,13 @@ def join_summary(messages: View) -> View:
     so the forwarded bytes stay the same from one request to the next (blocks keep their cache
     marks, so the cached prefix still ends where it did).
     """
-    run = joined_run(messages)
-    if run is None:
+    members = joined_run(messages)
+    if members is None:
         return messages
-    start, end = run[0], run[-1] + 1
-    blocks = [b for m in messages[start:end] for b in _blocks_of(m["content"])]
-    merged = {**messages[end - 1], "content": blocks}
-    return [*messages[:start], merged, *messages[end:]]
+    blocks = [b for i in members for b in _blocks_of(messages[i]["content"])]
+    merged = {**messages[members[-1]], "content": blocks}
+    joined = set(members[1:])
+    return [merged if i == members[0] else m for i, m in enumerate(messages) if i not in joined]
 
 
 def _messages_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:

@@ -67,6 +67,12 @@ def _anthropic_session(
     return sent
 
 
+def _joined_summary(message: dict[str, Any]) -> bool:
+    """Whether our summary is a block of this user turn (after the pins, the task first)."""
+    blocks = message["content"] if isinstance(message["content"], list) else []
+    return any(str(b.get("text", "")).startswith(SUMMARY_PREFIX) for b in blocks)
+
+
 def _forwarded_messages(up: ScriptedUpstream) -> list[dict[str, Any]]:
     return [r.json for r in up.requests if r.path == "/v1/messages"]
 
@@ -80,9 +86,10 @@ def test_claude_code_system_message_is_accepted_and_forwarded_in_place(tmp_path:
     compacted = 0
     for client_msgs, body in zip(sent, forwarded, strict=True):
         msgs = body["messages"]
-        first = msgs[0]["content"]
-        if isinstance(first, list) and first[0].get("text", "").startswith(SUMMARY_PREFIX):
+        if _joined_summary(msgs[0]):
             compacted += 1
+            # Pinned: forwarded in place, after the task and summary's joined user turn.
+            assert {"role": "system", "content": REMINDER} in msgs
         else:
             # Not compacted: the system message is where the client put it.
             assert msgs[1] == {"role": "system", "content": REMINDER}
@@ -113,8 +120,7 @@ def test_forwarded_token_count_is_what_was_forwarded_after_the_summary_joins(
     for body, tokens in zip(forwarded, reported, strict=True):
         view = [{"role": "system", "content": body["system"]}, *body["messages"]]
         assert tokens == counter.count_total(view, CLAUDE)
-        first = body["messages"][0]["content"]
-        joined += isinstance(first, list) and first[0].get("text", "").startswith(SUMMARY_PREFIX)
+        joined += _joined_summary(body["messages"][0])
     assert joined, "no compaction"
     assert up.rejections == []
 
