@@ -117,7 +117,10 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         with httpx_errors(request):
             response = await session.request(
                 request.method,
-                URL(str(request.url), encoded=True),
+                # httpx already turned any user:password@ in the URL into an Authorization
+                # header; aiohttp refuses both at once (a ValueError, so a 500), so it gets
+                # the URL without them.
+                URL(str(request.url.copy_with(username=None, password=None)), encoded=True),
                 headers=headers,
                 data=data or None,
                 allow_redirects=False,
