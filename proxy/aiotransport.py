@@ -2,8 +2,9 @@
 
 The proxy keeps httpx as its client interface everywhere (requests, responses, streams,
 exceptions); only the wire underneath changes. aiohttp's pool and HTTP/1.1 parser cost less
-CPU per request than httpcore's (docs/benchmarks.md: about 0.25-0.3 ms less per forwarded
-request on the benchmark machine), which is most of what the proxy adds to a small request.
+CPU per request than httpcore's (docs/benchmarks.md: 0.2-0.8 ms less per forwarded
+request on the benchmark machine), the largest single part of what the proxy adds to a small
+request.
 
 What stays as with httpx's own transport, on purpose:
 
