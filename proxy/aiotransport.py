@@ -115,13 +115,16 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         except httpx.RequestNotRead:
             data = await request.aread()
         headers = [(k.decode("latin-1"), _header_text(v)) for k, v in request.headers.raw]
+        url = request.url
+        if url.userinfo:
+            # httpx already turned any user:password@ in the URL into an Authorization
+            # header; aiohttp refuses both at once (a ValueError, so a 500), so it gets the
+            # URL without them.
+            url = url.copy_with(username=None, password=None)
         with httpx_errors(request):
             response = await session.request(
                 request.method,
-                # httpx already turned any user:password@ in the URL into an Authorization
-                # header; aiohttp refuses both at once (a ValueError, so a 500), so it gets
-                # the URL without them.
-                URL(str(request.url.copy_with(username=None, password=None)), encoded=True),
+                URL(str(url), encoded=True),
                 headers=headers,
                 data=data or None,
                 allow_redirects=False,

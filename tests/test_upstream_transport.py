@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from proxy.aiotransport import httpx_errors
+from proxy.reach import classify
 from tests.proxyproc import ProxyProcess, free_port
 
 TRANSPORTS = ("aiohttp", "httpx")
@@ -213,3 +214,8 @@ def test_aiohttp_errors_map_to_the_httpx_classes_the_proxy_maps() -> None:
     with pytest.raises(httpx.ConnectError) as caught, httpx_errors(request):
         raise aiohttp.ClientConnectorError(key, refused)
     assert caught.value.__cause__ is refused  # what proxy.reach.classify reads
+    unresolved = socket.gaierror(-2, "Name or service not known")
+    with pytest.raises(httpx.ConnectError) as caught, httpx_errors(request):
+        raise aiohttp.ClientConnectorDNSError(key, unresolved)
+    assert caught.value.__cause__ is unresolved
+    assert classify(caught.value, str(request.url)).permanent
