@@ -11,7 +11,6 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
-from typing import Any
 
 from .messages import Message, text_of
 from .settings import CompactionSettings
@@ -29,8 +28,6 @@ CLIENT_SUMMARY_MARKERS = (
     ("claude-code", "this session is being continued from a previous conversation"),
     ("codex", "another language model started to solve this problem and produced a summary"),
 )
-# Responses API items that hold a client's (or the provider's) compacted history.
-_COMPACTION_ITEM_TYPES = frozenset({"compaction", "compaction_summary"})
 _TAIL_SCANNED = 2  # the compaction prompt is the last user turn (or the instructions)
 
 
@@ -57,13 +54,6 @@ def client_compaction(messages: Sequence[Message]) -> str | None:
             if marker in text:
                 return client
     return None
-
-
-def has_compaction_items(items: Any) -> bool:
-    """Whether a Responses ``input`` carries compaction items (an already compacted history)."""
-    return isinstance(items, list) and any(
-        isinstance(item, dict) and item.get("type") in _COMPACTION_ITEM_TYPES for item in items
-    )
 
 
 def is_client_summary(message: Message) -> bool:

@@ -14,7 +14,10 @@ SUMMARY_PREFIX = "[History Summary - "
 # Private reasoning: Anthropic thinking blocks and Responses reasoning items (carried in the
 # view as one block of their own). Forwarded and counted, never rendered into a transcript
 # (so never summarized or mined for key facts), and never separated from their turn.
-OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking", "reasoning"})
+# Private reasoning, and compacted histories only their maker can read (encrypted).
+OPAQUE_BLOCKS = frozenset(
+    {"thinking", "redacted_thinking", "reasoning", "compaction", "compaction_summary"}
+)
 
 
 def _blocks(message: Message, kind: str) -> list[dict[str, Any]]:

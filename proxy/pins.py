@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from .controls import is_client_summary
 from .messages import HEAD_ROLES, Message, tool_results
 from .settings import CompactionSettings
 
@@ -79,6 +80,9 @@ def reason(message: Message, *, first_user: bool, settings: CompactionSettings) 
         return None
     if first_user and settings.pin_first_user:
         return "the task (first user message)"
+    if is_client_summary(message):
+        # What the client kept of its own compaction: summarizing it again loses twice.
+        return "the client's own summary"
     text = _user_text(message)
     if text:
         found = _pattern(tuple(settings.pin_patterns)).search(text)

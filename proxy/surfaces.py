@@ -196,6 +196,8 @@ ANTHROPIC_MESSAGES = Surface(
 # ---- OpenAI /v1/responses ------------------------------------------------------------------
 
 ITEM_KEY = "_responses_item"  # the original input item behind a view message
+# Responses input items that hold a compacted history (Codex's remote compaction).
+CLIENT_COMPACTION_ITEMS = frozenset({"compaction", "compaction_summary"})
 
 
 def validate_responses(body: dict[str, Any]) -> None:
@@ -239,6 +241,10 @@ def _item_view(item: dict[str, Any]) -> Message:
         # Opaque (encrypted_content): carried as one block that is fingerprinted and counted
         # but never rendered into a transcript (messages.OPAQUE_BLOCKS).
         view = {"role": "assistant", "content": [item]}
+    elif kind in CLIENT_COMPACTION_ITEMS:
+        # The client's (or the provider's) own compacted history: opaque, and a system-level
+        # item so it is pinned in place and never summarized a second time (DESIGN §10).
+        view = {"role": "system", "content": [item]}
     else:  # web search, computer calls...: opaque but meaningful
         view = {"role": "assistant", "content": f"[{kind}] " + orjson.dumps(item).decode()}
     view[ITEM_KEY] = item

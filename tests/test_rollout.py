@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from tests.checks import LOW_TRIGGER, summary_index
-from tests.conversations import drive_conversation
+from tests.conversations import drive_conversation, tool_result, user_turns
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
 
@@ -266,3 +266,76 @@ def test_a_clients_own_compaction_request_is_never_compacted(
         assert totals == 1
         forwarded = orjson.loads(upstream.chat_requests()[-1].body)["messages"]
         assert forwarded[-1]["content"] == CLAUDE_CODE_COMPACT
+
+
+CODEX_SUMMARY = (
+    "Another language model started to solve this problem and produced a summary of its "
+    "thinking process. Here is the summary: the invoice parser fails on EUR amounts; "
+    "ticket PAY-4410; the fix goes in src/billing/parse.py."
+)
+
+
+def test_the_summary_a_client_continues_from_is_pinned_never_summarized_again(
+    upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    upstream.reset()
+    settings = {**LOW_TRIGGER, "mode": "inline"}
+    with ProxyProcess(tmp_path, upstream.base_url, compaction=settings, admin=ADMIN) as px:
+        client = RecordingClient(px.base_url)
+        first = {"role": "user", "content": "Continue the billing work."}
+        summary = {"role": "user", "content": CODEX_SUMMARY}
+        history: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}, first]
+        history.append(client.send(history))
+        history.append(summary)
+
+        def send(messages: list[dict[str, Any]]) -> dict[str, Any]:
+            return client.send([*history, *messages[1:]])
+
+        drive_conversation(send, 25, SYSTEM)
+        assert any(h["x-compaction-case"] == "summarize" for h in client.headers)
+        for request in upstream.chat_requests()[1:]:  # the first came before the summary
+            forwarded = request.json["messages"]
+            assert summary in forwarded, "the client's own summary was not forwarded as sent"
+        for request in upstream.chat_requests("summarizer"):
+            assert "Another language model started" not in request.body.decode()
+
+
+def test_a_responses_compaction_item_stays_first_and_opaque(
+    upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    """Codex's remote compaction leaves an encrypted ``compaction`` item at the start of the
+    input: it is forwarded as sent, in place, and never shown to the summarizer."""
+    upstream.reset()
+    item = {"type": "compaction", "encrypted_content": "gAAAAB" + "Zx9q" * 400}
+    settings = {**LOW_TRIGGER, "mode": "inline"}
+    with ProxyProcess(tmp_path, upstream.base_url, compaction=settings, admin=ADMIN) as px:
+        client = openai.OpenAI(base_url=px.base_url, api_key="sk-user-one", max_retries=0)
+        items: list[dict[str, Any]] = [item]
+        for text in user_turns(25):
+            items.append({"role": "user", "content": text})
+            for _ in range(5):
+                response = client.responses.create(model=MODEL, instructions=SYSTEM, input=items)
+                output = [o.model_dump(exclude_none=True) for o in response.output]
+                items.extend(output)
+                calls = [o for o in output if o["type"] == "function_call"]
+                if not calls:
+                    break
+                for c in calls:
+                    fn = {"function": {"name": c["name"], "arguments": c["arguments"]}}
+                    items.append(
+                        {
+                            "type": "function_call_output",
+                            "call_id": c["call_id"],
+                            "output": tool_result(fn),
+                        }
+                    )
+        forwarded = [r.json["input"] for r in upstream.requests if r.path == "/v1/responses"]
+        sent_sizes = [len(orjson.dumps(f)) for f in forwarded]
+        assert any("[History Summary" in orjson.dumps(f).decode() for f in forwarded), (
+            "no compaction happened",
+            sent_sizes,
+        )
+        assert all(f[0] == item for f in forwarded), "the compaction item moved or changed"
+        assert not upstream.rejections
+        for request in upstream.chat_requests("summarizer"):
+            assert "Zx9qZx9q" not in request.body.decode()
