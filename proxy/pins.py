@@ -105,7 +105,10 @@ def find(
 
     A pin over ``pin_max_share`` of the trigger is not pinned, nor are pins past twice that
     share in total (system messages and the task first, then client instructions, newest
-    first): pins count toward the budget and must leave room for the conversation.
+    first): pins count toward the budget and must leave room for the conversation. System and
+    developer messages are the exception: like the head they are the client's own
+    instructions (Claude Code's agent list is ~1.4k tokens), never summarized away whatever
+    their size; they still count toward the budget, first.
     """
     limit = int(settings.trigger_tokens * settings.pin_max_share)
     candidates: list[tuple[int, int, str]] = []
@@ -118,17 +121,18 @@ def find(
         why = reason(messages[i], first_user=is_task, settings=settings)
         if why is None:
             continue
-        if counts[i] > limit:
+        system = messages[i].get("role") != "user"
+        if counts[i] > limit and not system:
             oversized[i] = f"{why}: {counts[i]} tokens, over {limit}"
             continue
-        first = messages[i].get("role") != "user" or (is_task and settings.pin_first_user)
+        first = system or (is_task and settings.pin_first_user)
         rank = 0 if first else 1
         candidates.append((rank, -i, why))
     reasons: dict[int, str] = {}
     total = 0
     for _, neg, why in sorted(candidates):
         i = -neg
-        if total + counts[i] > 2 * limit:
+        if total + counts[i] > 2 * limit and messages[i].get("role") == "user":
             oversized[i] = f"{why}: pin budget of {2 * limit} tokens spent"
             continue
         total += counts[i]

@@ -242,6 +242,10 @@ def test_pins_cover_system_task_client_instructions_and_patterns() -> None:
     big = [10, 5000, 10, 10, 10, 10, 10, 10]
     found = pins.find(msgs, big, list(range(len(msgs))), 1, s, 1)
     assert 1 not in found and "5000 tokens" in found.oversized[1]
+    # A system message in the body is pinned whatever its size (issue #10: never summarized).
+    big = [10, 10, 10, 5000, 10, 10, 10, 10]
+    found = pins.find(msgs, big, list(range(len(msgs))), 1, s, 1)
+    assert 3 in found and 3 not in found.oversized
 
 
 def test_round_cuts_are_legal_inside_one_user_turn() -> None:
