@@ -152,3 +152,53 @@ def test_count_tokens_passes_through(tmp_path: Path) -> None:
     received = [r for r in up.requests if r.path == "/v1/messages/count_tokens"]
     assert len(received) == 1 and received[0].json["messages"] == messages
     assert counted.input_tokens == up.count_tokens([{"role": "system", "content": RULE}, *messages])
+
+
+CONTINUED = "This session is being continued from a previous conversation"
+
+
+def test_claude_codes_own_compaction_is_respected(tmp_path: Path) -> None:
+    """``/compact`` in Claude Code: its summary request passes through untouched, and the
+    summary it then continues from is never summarized again (issue #17)."""
+    claude = agent_binary("claude")
+    work, home = tmp_path / "project", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    (work / "CLAUDE.md").write_text(f"# Project rules\n\n- {RULE}\n")
+    notes = work / "notes.txt"
+    notes.write_text(NOTES + "\n")
+    with (
+        ScriptedUpstream(reply=ClaudeScript(notes), summarizer=summarize_in_prose) as up,
+        ProxyProcess(tmp_path, up.base_url, compaction=INLINE) as px,
+    ):
+        env = clean_env(
+            {
+                "HOME": str(home),
+                "ANTHROPIC_BASE_URL": px.root,
+                "ANTHROPIC_API_KEY": "sk-ant-e2e-dummy",
+                "DISABLE_TELEMETRY": "1",
+                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            }
+        )
+        for turn in range(6):
+            _run(claude, work, env, turn)
+        before = len([r for r in up.requests if r.path == "/v1/messages"])
+        done = run_agent([claude, "-p", "/compact", "--continue"], work, env)
+        assert done.returncode == 0, f"{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+        compact_requests = [r for r in up.requests if r.path == "/v1/messages"][before:]
+        after_compact = len([r for r in up.requests if r.path == "/v1/messages"])
+        for turn in range(6, 10):
+            _run(claude, work, env, turn)
+
+    assert up.rejections == [], f"the strict upstream rejected: {up.rejections}"
+    assert compact_requests, "/compact sent nothing upstream"
+    own = [r for r in compact_requests if "detailed summary of the conversation" in r.body.decode()]
+    assert own, "Claude Code's summary request did not reach the upstream"
+    for rec in own:
+        assert SUMMARY_PREFIX not in rec.body.decode(), "the client's compaction was compacted"
+    later = [r for r in up.requests if r.path == "/v1/messages"][after_compact:]
+    continued = [r for r in later if CONTINUED in r.body.decode()]
+    assert continued, "Claude Code did not continue from its own summary"
+    for rec in up.requests:
+        if rec.purpose == "summarizer":
+            assert CONTINUED not in rec.body.decode(), "the client's summary was summarized"
