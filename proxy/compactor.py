@@ -650,6 +650,18 @@ class Compactor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def spawn_io(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run a store write off the request path (drained at shutdown); a store error is
+        logged, never raised into a request."""
+
+        async def run() -> None:
+            try:
+                await asyncio.to_thread(fn, *args)
+            except StoreError as exc:
+                log.warning("background store write failed", extra={"error": str(exc)})
+
+        self._spawn(asyncio.get_running_loop().create_task(run()))
+
     def _save_stability(self, prepared: Prepared) -> None:
         assert prepared.stability is not None
         key = conv_key("stab", prepared.tenant, prepared.conversation)

@@ -374,6 +374,18 @@ def _adopt(
         store.delete(conv_key(kind, tenant, earlier))
 
 
+def count_client_compaction(store: Store) -> None:
+    """One compaction the client ran itself through a route the proxy only relays
+    (``/v1/responses/compact``): counted for the dashboard, nothing else is kept."""
+
+    def bump(totals: Any) -> dict[str, Any]:
+        totals = totals if isinstance(totals, dict) else {}
+        totals["client_compactions"] = totals.get("client_compactions", 0) + 1
+        return totals
+
+    store.update(TOTALS_KEY, bump, None)
+
+
 def record_compaction(
     store: Store,
     tenant: str,

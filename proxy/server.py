@@ -502,6 +502,8 @@ async def passthrough(request: Request) -> Response:
     upstream_request = res.client.build_request(request.method, url, content=raw, headers=headers)
     async with mapped_errors():
         upstream = await res.client.send(upstream_request, stream=True)
+    if upstream.status_code < 400 and _is_client_compaction(request):
+        res.compactor.spawn_io(ledger.count_client_compaction, res.store)
 
     async def body() -> AsyncIterator[bytes]:
         try:
@@ -522,6 +524,11 @@ async def passthrough(request: Request) -> Response:
         # a short body from a whole one.
         relayed["content-length"] = length
     return StreamingResponse(body(), status_code=upstream.status_code, headers=relayed)
+
+
+def _is_client_compaction(request: Request) -> bool:
+    """OpenAI's compaction endpoint: the client compacts its own history (relayed as is)."""
+    return request.method == "POST" and request.url.path.rstrip("/").endswith("/responses/compact")
 
 
 async def not_found(request: Request) -> Response:

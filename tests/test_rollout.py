@@ -339,3 +339,40 @@ def test_a_responses_compaction_item_stays_first_and_opaque(
         assert not upstream.rejections
         for request in upstream.chat_requests("summarizer"):
             assert "Zx9qZx9q" not in request.body.decode()
+
+
+def test_responses_compact_is_relayed_and_counted_as_a_client_compaction(
+    upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    upstream.reset()
+    with ProxyProcess(tmp_path, upstream.base_url, compaction=LOW_TRIGGER, admin=ADMIN) as px:
+        client = openai.OpenAI(base_url=px.base_url, api_key="sk-user-one", max_retries=0)
+        items = [{"role": "user", "content": "compact this please"}]
+        raw = client.responses.with_raw_response.compact(model=MODEL, input=items)
+        assert raw.status_code == 200
+        received = [r for r in upstream.requests if r.path == "/v1/responses/compact"]
+        assert len(received) == 1 and received[0].json["input"] == items
+        totals = wait_for(
+            lambda: admin_get(px, "/admin/api/stats")["totals"].get("client_compactions")
+        )
+        assert totals == 1
+
+
+def test_shadow_sampling_runs_no_summaries_outside_the_sample(
+    upstream: ScriptedUpstream, tmp_path: Path
+) -> None:
+    from proxy.controls import sampled
+
+    assert sampled("any", 1.0) and not sampled("any", 0.0)
+    share = sum(sampled(f"conv-{i}", 0.25) for i in range(4000)) / 4000
+    assert 0.2 < share < 0.3
+    assert all(sampled(f"conv-{i}", 0.25) == sampled(f"conv-{i}", 0.25) for i in range(50))
+
+    upstream.reset()
+    settings = {**LOW_TRIGGER, "mode": "shadow", "shadow_sample_rate": 0.0}
+    with ProxyProcess(tmp_path, upstream.base_url, compaction=settings, admin=ADMIN) as px:
+        client = RecordingClient(px.base_url)
+        drive_conversation(client.send, 25, SYSTEM)
+        assert client_bodies(upstream) == client.sent
+        assert not upstream.chat_requests("summarizer")
+        assert {h["x-compaction-case"] for h in client.headers} == {"shadow"}
