@@ -356,6 +356,34 @@ def test_compaction_off_header_forwards_unchanged(
         assert upstream.chat_requests("summarizer") == []
 
 
+def test_shadow_header_forwards_unchanged_and_measures_through_litellm(
+    litellm_proc: LiteLLMProcess, upstream: ScriptedUpstream, request: Any
+) -> None:
+    settle(upstream)
+    client = litellm_proc.client(tenant=request.node.name)
+    sent: list[list[dict[str, Any]]] = []
+    cases: list[str] = []
+
+    def send(messages: list[dict[str, Any]]) -> dict[str, Any]:
+        sent.append(messages)
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, extra_headers={"x-compaction": "shadow"}
+        )
+        cases.append(raw.headers.get("x-compaction-case", ""))
+        return _message_dict(raw.parse().choices[0].message)
+
+    with litellm_proc.logs_on_failure():
+        start = len(upstream.chat_requests())
+        drive_conversation(send, 14, SYSTEM)
+        assert tokens(sent[-1]) > COMPACTION["trigger_tokens"]
+        forwarded = [r.json["messages"] for r in upstream.chat_requests()[start:]]
+        assert forwarded == [on_the_wire(m) for m in sent]
+        assert set(cases) == {"shadow"}
+        assert _wait_for(
+            lambda: _ledger_totals(litellm_proc.store_url).get("shadow", {}).get("saved_tokens")
+        ), "no would-be saving recorded"
+
+
 # ---- failing open ----------------------------------------------------------------------------
 
 
