@@ -461,6 +461,26 @@ def facts(
     )
 
 
+def agent_lists(c: dict[str, Any]) -> str:
+    """What pruning cleared, what stayed pinned, what was too large to pin (agent sessions)."""
+    out = []
+    for key, label in (
+        ("pruned", "tool results cleared"),
+        ("pinned", "pinned, forwarded in place"),
+        ("unpinned", "too large to pin, handled as content"),
+    ):
+        values = c.get(key) or []
+        if values:
+            shown = "".join(f"<li>{esc(v)}</li>" for v in values[:50])
+            extra = len(values) - 50
+            more = f'<li class="mute">… and {extra} more</li>' if extra > 0 else ""
+            out.append(
+                f'<details class="agent-{key}"><summary>{len(values)} {esc(label)}</summary>'
+                f"<ul>{shown}{more}</ul></details>"
+            )
+    return "".join(out)
+
+
 def timeline(compactions: Sequence[dict[str, Any]], failures: Sequence[dict[str, Any]]) -> str:
     items = []
     for i, c in enumerate(compactions, 1):
@@ -492,6 +512,7 @@ def timeline(compactions: Sequence[dict[str, Any]], failures: Sequence[dict[str,
                 c["facts_dropped"],
                 c.get("facts_elsewhere") or (),
             )
+            + agent_lists(c)
             + "</li>"
         )
     for f in failures:

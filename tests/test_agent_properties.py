@@ -49,6 +49,7 @@ SURFACES = {
     "responses": (OPENAI_RESPONSES, check_responses),
 }
 TASK = "Fix the flaky ledger test. Always answer in French."
+SYSTEM_NOTE = "<system-reminder>CLAUDE.md: run the tests before answering.</system-reminder>"
 
 
 @st.composite
@@ -64,6 +65,8 @@ def sessions(draw: st.DrawFn) -> tuple[str, list[Any]]:
             "<system-reminder>CLAUDE.md: tabs</system-reminder> " if rng.random() < 0.3 else ""
         )
         steps.append(("user", TASK if i == 0 else f"{reminder}Now step {i}."))
+        if i == 0 and rng.random() < 0.3:
+            steps.append(("system", SYSTEM_NOTE))  # as Claude Code sends one mid-conversation
         for _ in range(draw(st.integers(0, 25))):
             calls = []
             for _ in range(draw(st.integers(1, 4))):
@@ -83,8 +86,8 @@ def body_of(shape: str, steps: list[Any]) -> dict[str, Any]:
     if shape == "chat":
         msgs: list[Message] = [{"role": "system", "content": "You are an agent."}]
         for step in steps:
-            if step[0] == "user":
-                msgs.append({"role": "user", "content": step[1]})
+            if step[0] in ("user", "system"):
+                msgs.append({"role": step[0], "content": step[1]})
             elif step[0] == "answer":
                 msgs.append({"role": "assistant", "content": step[1]})
             else:
@@ -106,10 +109,13 @@ def body_of(shape: str, steps: list[Any]) -> dict[str, Any]:
     if shape == "messages":
         turns: list[Message] = []
         for step in steps:
-            if step[0] == "user":
+            if step[0] == "system":
+                turns.append({"role": "system", "content": step[1]})
+            elif step[0] == "user":
                 block = {"type": "text", "text": step[1]}
-                if turns and turns[-1]["role"] == "user":
-                    turns[-1]["content"].append(block)  # after tool results, in one turn
+                last = [t for t in turns if t["role"] != "system"]
+                if last and last[-1]["role"] == "user":
+                    last[-1]["content"].append(block)  # after tool results, in one turn
                 else:
                     turns.append({"role": "user", "content": [block]})
             elif step[0] == "answer":
@@ -126,8 +132,8 @@ def body_of(shape: str, steps: list[Any]) -> dict[str, Any]:
         return {"model": MODEL, "max_tokens": 512, "system": "You are an agent.", "messages": turns}
     items: list[Message] = []
     for step in steps:
-        if step[0] == "user":
-            items.append({"type": "message", "role": "user", "content": step[1]})
+        if step[0] in ("user", "system"):
+            items.append({"type": "message", "role": step[0], "content": step[1]})
         elif step[0] == "answer":
             items.append({"type": "message", "role": "assistant", "content": step[1]})
         else:
@@ -199,5 +205,7 @@ def test_random_agent_sessions_forward_what_providers_accept(
     assert check(out) is None, check(out)
     assert p.forwarded_tokens <= p.original_tokens
     assert task_forwarded(shape, out), "the task message was not forwarded"
+    if ("system", SYSTEM_NOTE) in steps:  # pinned wherever it was sent
+        assert SYSTEM_NOTE in orjson.dumps(out).decode()
     if p.record is not None and p.record.case != "emergency" and summary is echo_summary:
         assert p.forwarded_tokens < p.record.tokens_before
