@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 
 from tests.checks import assert_forwarded_faithful, assert_tool_calls_intact, tokens
@@ -131,3 +132,43 @@ def test_two_hundred_round_loop_stays_below_the_trigger(tmp_path: Path) -> None:
         assert_forwarded_faithful(client_msgs, forwarded)
     assert passed, "the loop never passed the trigger: the test proves nothing"
     assert tokens(sent[-1]) > 20 * TRIGGER
+
+
+def test_over_the_context_window_with_nothing_to_drop_is_a_clear_error(tmp_path: Path) -> None:
+    """One user message larger than the model's window (gpt-4o-mini: 128k): nothing can be
+    dropped, so the proxy answers a 400 in the route's own shape instead of forwarding what
+    the provider would reject; the tools and max_tokens count towards the window."""
+    huge = "word " * 130_000
+    with ScriptedUpstream() as upstream:
+        with ProxyProcess(tmp_path, upstream.base_url, compaction={"mode": "inline"}) as px:
+            client = openai.OpenAI(base_url=px.base_url, api_key="sk-agent", max_retries=0)
+            try:
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": huge}], tools=TOOLS
+                )
+            except openai.BadRequestError as exc:
+                assert exc.status_code == 400
+                assert exc.code == "context_length_exceeded"
+                assert "context window" in exc.message
+            else:
+                raise AssertionError("forwarded a request over the context window")
+            aclient = anthropic.Anthropic(base_url=px.root, api_key="sk-ant", max_retries=0)
+            try:
+                aclient.messages.create(
+                    model="claude-sonnet-4-5-20250929",
+                    max_tokens=100,
+                    messages=[{"role": "user", "content": "word " * 210_000}],
+                )
+            except anthropic.BadRequestError as exc:
+                assert exc.status_code == 400
+                assert exc.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+            else:
+                raise AssertionError("forwarded a request over the context window")
+            # A request that fits once max_tokens is left out of the count still fits.
+            small = client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10
+            )
+            assert small.choices
+        assert [r for r in upstream.chat_requests() if r.purpose is None][0].json["messages"][0][
+            "content"
+        ] == "hi"
