@@ -52,7 +52,7 @@ FULL_REQUESTS, SMOKE_REQUESTS = 300, 40
 FACTS = [
     "FACT-01: the staging database host is pg-stage-07.internal",
     "FACT-02: the invoice rounding bug is tracked as BILL-4821",
-    "FACT-03: the retry limit for sync_ledger is 68",
+    "FACT-03: the retry limit for sync_ledger is 68 attempts",
     "FACT-04: the release branch is release/2024.11-hotfix3",
     "FACT-05: the failing test is tests/test_invoice.py::test_half_cent",
     "FACT-06: the config file lives at /srv/billing/config.yaml",
@@ -71,6 +71,15 @@ FACTS = [
     "FACT-19: the migration file is migrations/0042_rounding.py",
     "FACT-20: the on-call channel is #billing-oncall",
 ]
+# The identifying value of each fact: what the model needs, in any wording.
+FACT_KEYS = [
+    "pg-stage-07.internal", "BILL-4821", "68 attempts", "release/2024.11-hotfix3",
+    "tests/test_invoice.py::test_half_cent", "/srv/billing/config.yaml", "164 rows",
+    "Dana Okafor", "45 seconds", "billing.v2_rounding",
+    "https://metrics.example.internal/billing", "2024-11-29", "900 s", "3f9c2e1", "worker-12",
+    "2500 invoices", "X-Billing-Version: 7", "acme-eu", "migrations/0042_rounding.py",
+    "#billing-oncall",
+]  # fmt: skip
 SYSTEM = (
     "You are a coding agent working in a Python repository. Use the tools to read files, "
     "search, run tests and edit code. Keep changes small and explain them. " * 12
@@ -283,6 +292,7 @@ async def _run(
             compactor.schedule(p)
             await compactor.drain(timeout=60)  # the agent runs its tools meanwhile
         final_text = orjson.dumps(previous).decode()
+        session_text = orjson.dumps(msgs).decode()
         store.close()
     llm_usd = llm.prompt_tokens * INPUT_USD + llm.completion_tokens * OUTPUT_USD
     return {
@@ -303,7 +313,12 @@ async def _run(
         "compactions": sum(cases.get(c, 0) for c in ("summarize", "truncate", "emergency")),
         "failures": cases.get("failed", 0),
         "facts_in_final_request": sum(1 for f in FACTS if f in final_text),
-        "facts_planted": sum(1 for f in FACTS if f in orjson.dumps(msgs).decode()),
+        "fact_keys_in_final_request": sum(
+            1
+            for f, key in zip(FACTS, FACT_KEYS, strict=True)
+            if f in session_text and key in final_text
+        ),
+        "facts_planted": sum(1 for f in FACTS if f in session_text),
         # New messages are never cached: this share of forwarded tokens is the ceiling.
         "new_share": sum(t[4] for t in trace) / ours.forwarded if ours.forwarded else 0.0,
         "trace": trace,
@@ -332,8 +347,9 @@ def markdown(results: list[dict[str, Any]]) -> str:
         ("$ with compaction (incl. those calls)", lambda r: f"${r['usd']:.3f}"),
         ("$ forwarding unchanged", lambda r: f"${r['baseline_usd']:.3f}"),
         ("$ ratio", ratio),
-        ("planted facts in the last forwarded request",
-         lambda r: f"{r['facts_in_final_request']} of {r['facts_planted']} ({r['summarizer']})"),
+        ("planted facts in the last forwarded request: sentence verbatim / its value",
+         lambda r: f"{r['facts_in_final_request']} / {r.get('fact_keys_in_final_request', 0)} "
+         f"of {r['facts_planted']} ({r['summarizer']})"),
     ]  # fmt: skip
     head = " | ".join(f"trigger {r['trigger_tokens']:,}" for r in results)
     lines = [f"| measure | {head} |", "|---" * (len(results) + 1) + "|"]
