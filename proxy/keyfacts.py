@@ -56,6 +56,8 @@ _SPEC: list[tuple[str, float, str]] = [
         r"(?<![\w/.-])[A-Z][A-Z0-9]{1,9}(?:-[A-Z0-9]+)+(?![\w-])",
     ),
     ("ticket", 7, r"(?<![\w&#])#\d{2,7}\b"),
+    ("channel", 7, r"(?<![\w&#])#[a-z][\w-]{2,}"),
+    ("header", 7, r"\b[A-Z][A-Za-z]*(?:-[A-Z][A-Za-z]*)+:[ \t]?[\w./-]+"),
     # Tracking numbers, serials, license keys: upper-case letters and digits mixed.
     ("id", 8, r"\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{8,}\b"),
     (
@@ -72,8 +74,11 @@ _SPEC: list[tuple[str, float, str]] = [
         "path",
         8,
         r"\b[\w\-]+(?:/[\w\-.]+)*\.(?:py|js|ts|tsx|jsx|go|rs|java|kt|rb|php|c|h|cpp|hpp|cs|"
-        r"md|rst|json|ya?ml|toml|sql|sh|txt|csv|ini|cfg|conf|env|lock|html|css|xml|proto|tf)\b",
+        r"md|rst|json|ya?ml|toml|sql|sh|txt|csv|ini|cfg|conf|env|lock|html|css|xml|proto|tf)\b"
+        r"(?:::[\w\[\]-]+)*",  # a pytest node id: tests/test_x.py::test_y
     ),
+    # Relative paths and branch names without a leading ./ (release/2024.11-hotfix3).
+    ("path", 7, r"(?<![\w/.:@-])[A-Za-z_][\w.-]*(?:/[\w.-]+)+/?"),
     (
         "host",
         8,
@@ -117,6 +122,7 @@ _SPEC: list[tuple[str, float, str]] = [
     ("symbol", 5, r"\b[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+\b(?!\.\w)"),
     ("symbol", 4, r"\b[a-z]+(?:_[a-z0-9]+)+\b"),
     ("symbol", 4, r"\b[a-z]+(?:[A-Z][a-z0-9]+){1,}\b"),
+    ("symbol", 4, r"\b[a-z][a-z0-9]*(?:-[a-z0-9]+)+\b"),  # kebab-case names: acme-eu
     ("number", 3, r"(?<![\w.,\-/#])\d{4,}\b"),
 ]
 _COMPILED = [(kind, weight, re.compile(p)) for kind, weight, p in _SPEC]
@@ -272,9 +278,10 @@ def facts_in(text: str, limit: int = 500) -> list[Fact]:
     # repetition either: what a tool keeps touching is not what a user said once.
     shapes: dict[str, int] = {}
     for known in found.values():
-        shapes[_shape(known.text)] = shapes.get(_shape(known.text), 0) + 1
+        shape = _shape(known.text, known.kind)
+        shapes[shape] = shapes.get(shape, 0) + 1
     return [
-        Fact(f.text, f.kind, f.score - 0.75 * math.log2(shapes[_shape(f.text)]), f.first)
+        Fact(f.text, f.kind, f.score - 0.75 * math.log2(shapes[_shape(f.text, f.kind)]), f.first)
         if f.kind not in _SHAPELESS
         else f
         for f in found.values()
@@ -285,8 +292,11 @@ def facts_in(text: str, limit: int = 500) -> list[Fact]:
 _SHAPELESS = frozenset({"name", "decision", "command"})
 
 
-def _shape(fact: str) -> str:
-    """``src/queue_1.py`` -> ``a/a_#.a``: what facts of one routine form have in common."""
+def _shape(fact: str, kind: str) -> str:
+    """``src/queue_1.py`` -> ``a/a_#.a``: what facts of one routine form have in common. A
+    quantity keeps its unit: ``1834 tokens`` and ``900 s`` are not the same kind of thing."""
+    if kind in ("quantity", "amount", "number"):
+        return re.sub(r"\d[\d,.]*", "#", fact)
     return re.sub(r"[A-Z]+", "A", re.sub(r"[a-z]+", "a", re.sub(r"\d+", "#", fact)))
 
 

@@ -151,9 +151,13 @@ def key_arguments(arguments: Any, max_items: int = 3, max_chars: int = 60) -> st
 
 def placeholder(result: ToolResult, tokens: int, repeated: bool) -> str:
     call = f"{result.name}({key_arguments(result.arguments)})"
-    if repeated:
-        return f"{CLEARED}{call} was called again later with the same arguments; see the latest]"
     refs = key_references(result.text)
+    if repeated:
+        # The later output need not repeat every fact of this one: keep its key references.
+        tail = f"; key references: {refs}]" if refs else "]"
+        return (
+            f"{CLEARED}{call} was called again later with the same arguments; see the latest{tail}"
+        )
     tail = f". Key references: {refs}]" if refs else "]"
     return f"{CLEARED}{call} returned {tokens} tokens; call the tool again if you need them{tail}"
 

@@ -123,3 +123,14 @@ async def test_twenty_planted_facts_survive_a_300_turn_agent_session(tmp_path: P
     print(f"{len(kept)}/20 kept after {llm.calls} compactions; lost: {lost}")
     assert len(kept) >= 19, lost
     store.close()
+
+
+def test_the_bench_agent_session_keeps_19_of_20_fact_values_with_the_digits_summarizer() -> None:
+    # bench/agent_session.py (#11): 300 requests, default settings, pruning and summaries;
+    # the scripted summarizer keeps only transcript lines with a digit or a '/'.
+    from bench.agent_session import run
+
+    result = run(300, "digits")
+    assert result["facts_planted"] == 20
+    assert result["fact_keys_in_final_request"] >= 19, result["fact_keys_in_final_request"]
+    assert result["failures"] == 0
