@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -625,6 +626,10 @@ def create_app(
         # takes from half a second to several under load.
         encodings = await asyncio.to_thread(warm_tokenizers)
         log.info("tokenizers ready", extra={"encodings": encodings})
+        # What start-up loaded (LiteLLM's model map, tokenizers) lives as long as the process:
+        # out of the collector's sight, a full collection no longer walks it while a request
+        # waits.
+        gc.freeze()
         client = make_client(config.upstream, transport)
         # Without a usable store the proxy still serves, uncompacted (proxy.health).
         own_store = store or open_store_or_degraded(config.store.url)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import orjson
@@ -14,13 +16,21 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 MAX_DEPTH = 200
 
 
+# Past this size a body is parsed value by value (see ``parse_in_slices``) ...
+SLICED_BYTES = 1024 * 1024
+# ... unless it escapes UTF-16 surrogates: orjson refuses a lone one (which it could never
+# write back), the standard library does not, so such a body keeps orjson's verdict.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """The body as a JSON object, or ``BadRequest``."""
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
+        sliced = len(raw) >= SLICED_BYTES and not _SURROGATE_ESCAPE.search(raw)
+        body = parse_in_slices(raw) if sliced else orjson.loads(raw)
+    except (orjson.JSONDecodeError, ValueError) as exc:
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
@@ -85,3 +95,71 @@ def validate_chat(body: dict[str, Any]) -> None:
             for j, call in enumerate(calls):
                 if not isinstance(call, dict):
                     raise BadRequest(f"{where}.tool_calls[{j}] must be an object")
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def parse_in_slices(raw: bytes) -> Any:
+    """The same value as ``orjson.loads(raw)``, parsed one top-level member and one array
+    element at a time.
+
+    One C call over megabytes holds the interpreter lock throughout, so a big body parsed
+    in a worker thread still silenced the event loop (and ``/healthz``) for its whole
+    parse; between these small calls other threads run. Raises ``ValueError`` when the
+    body is not JSON.
+    """
+    text = raw.decode("utf-8")
+    decode, space = _DECODER.raw_decode, _SPACE.match
+
+    def skip(at: int) -> int:
+        found = space(text, at)
+        return found.end() if found else at
+
+    def expect(at: int, char: str) -> int:
+        if text[at : at + 1] != char:
+            raise ValueError(f"expected {char!r} at character {at}")
+        return skip(at + 1)
+
+    def value(at: int) -> tuple[Any, int]:
+        if text[at : at + 1] != "[":
+            return decode(text, at)
+        items: list[Any] = []
+        at = skip(at + 1)
+        if text[at : at + 1] == "]":
+            return items, at + 1
+        while True:
+            item, at = decode(text, at)
+            items.append(item)
+            at = skip(at)
+            if text[at : at + 1] == "]":
+                return items, at + 1
+            at = expect(at, ",")
+
+    at = skip(0)
+    if text[at : at + 1] != "{":
+        result, at = value(at)
+    else:
+        result = {}
+        at = skip(at + 1)
+        if text[at : at + 1] == "}":
+            at += 1
+        else:
+            while True:
+                key, at = decode(text, at)
+                if not isinstance(key, str):
+                    raise ValueError(f"object key expected at character {at}")
+                result[key], at = value(expect(skip(at), ":"))
+                at = skip(at)
+                if text[at : at + 1] == "}":
+                    at += 1
+                    break
+                at = expect(at, ",")
+    if skip(at) != len(text):
+        raise ValueError(f"extra data at character {skip(at)}")
+    return result

@@ -38,7 +38,10 @@ class BatchWriter:
         self._wake()
 
     def put(self, key: str, value: Any, ttl: float | None) -> None:
-        """Queue ``store.set(key, value, ttl)``; only the newest value per key is written."""
+        """Queue ``store.set(key, value, ttl)``; only the newest value per key is written.
+
+        ``value`` may be a function of no arguments (of immutable data): it is called in the
+        writer's thread, so building a big value never holds up the event loop."""
         self._latest[key] = (value, ttl)
         self._wake()
 
@@ -72,7 +75,7 @@ class BatchWriter:
     ) -> None:
         for key, (value, ttl) in latest.items():
             try:
-                self._store.set(key, value, ttl)
+                self._store.set(key, value() if callable(value) else value, ttl)
             except StoreError:
                 raise
             except Exception as exc:  # one value that cannot be written costs only itself
