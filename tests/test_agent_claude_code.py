@@ -81,28 +81,39 @@ def _run(claude: str, work: Path, env: dict[str, str], turn: int) -> dict[str, A
     return result
 
 
-def test_claude_code_continues_through_compactions(tmp_path: Path) -> None:
-    claude = agent_binary("claude")
-    work, home = tmp_path / "project", tmp_path / "home"
+def _project(tmp: Path) -> tuple[Path, Path, Path]:
+    """A scratch project with a CLAUDE.md rule and a notes file, and a home for Claude Code."""
+    work, home = tmp / "project", tmp / "home"
     work.mkdir()
     home.mkdir()
     (work / "CLAUDE.md").write_text(f"# Project rules\n\n- {RULE}\n")
     notes = work / "notes.txt"
     notes.write_text(NOTES + "\n")
+    return work, home, notes
+
+
+def _claude_env(home: Path, base_url: str) -> dict[str, str]:
+    """Claude Code offline, pointed at the proxy."""
+    return clean_env(
+        {
+            "HOME": str(home),
+            "ANTHROPIC_BASE_URL": base_url,
+            "ANTHROPIC_API_KEY": "sk-ant-e2e-dummy",
+            "DISABLE_TELEMETRY": "1",
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        }
+    )
+
+
+def test_claude_code_continues_through_compactions(tmp_path: Path) -> None:
+    claude = agent_binary("claude")
+    work, home, notes = _project(tmp_path)
     script = ClaudeScript(notes)
     with (
         ScriptedUpstream(reply=script, summarizer=summarize_in_prose) as up,
         ProxyProcess(tmp_path, up.base_url, compaction=INLINE) as px,
     ):
-        env = clean_env(
-            {
-                "HOME": str(home),
-                "ANTHROPIC_BASE_URL": px.root,
-                "ANTHROPIC_API_KEY": "sk-ant-e2e-dummy",
-                "DISABLE_TELEMETRY": "1",
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            }
-        )
+        env = _claude_env(home, px.root)
         results = [_run(claude, work, env, turn) for turn in range(TURNS)]
 
     # Every turn answered with the upstream's words, relayed through the proxy.
@@ -161,25 +172,12 @@ def test_claude_codes_own_compaction_is_respected(tmp_path: Path) -> None:
     """``/compact`` in Claude Code: its summary request passes through untouched, and the
     summary it then continues from is never summarized again (issue #17)."""
     claude = agent_binary("claude")
-    work, home = tmp_path / "project", tmp_path / "home"
-    work.mkdir()
-    home.mkdir()
-    (work / "CLAUDE.md").write_text(f"# Project rules\n\n- {RULE}\n")
-    notes = work / "notes.txt"
-    notes.write_text(NOTES + "\n")
+    work, home, notes = _project(tmp_path)
     with (
         ScriptedUpstream(reply=ClaudeScript(notes), summarizer=summarize_in_prose) as up,
         ProxyProcess(tmp_path, up.base_url, compaction=INLINE) as px,
     ):
-        env = clean_env(
-            {
-                "HOME": str(home),
-                "ANTHROPIC_BASE_URL": px.root,
-                "ANTHROPIC_API_KEY": "sk-ant-e2e-dummy",
-                "DISABLE_TELEMETRY": "1",
-                "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            }
-        )
+        env = _claude_env(home, px.root)
         for turn in range(6):
             _run(claude, work, env, turn)
         before = len([r for r in up.requests if r.path == "/v1/messages"])

@@ -5,57 +5,22 @@ report of every compaction is checked against the request the proxy really forwa
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from eval.fidelity import evaluate
-from eval.llama_server import smollm2_path
 from eval.report import render
-from tests.proxyproc import free_port
+from tests.llama import smollm2_server
 
 MODEL = "smollm2-135m-instruct"
 
 
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    assert importlib.util.find_spec("llama_cpp") is not None, "llama-cpp-python[server] missing"
-    port = free_port()
-    log = tmp_path_factory.mktemp("llama") / "llama.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable, "-m", "eval.llama_server", "--model", smollm2_path(),
-                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "llama.cpp server did not start"
-            time.sleep(0.5)
+    with smollm2_server(tmp_path_factory.mktemp("llama") / "llama.log") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.mark.slow

@@ -6,19 +6,16 @@ is either the client's history or a compaction it can account for.
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
-import time
+import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
-from eval.llama_server import smollm2_path
-from tests.proxyproc import ProxyProcess, free_port
+from tests.llama import smollm2_server
+from tests.proxyproc import ProxyProcess
 
 MODEL = "smollm2-135m-instruct"
 FACTS = [
@@ -43,40 +40,9 @@ TOPICS = [
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    assert importlib.util.find_spec("llama_cpp") is not None, "llama-cpp-python[server] missing"
-    port = free_port()
-    log = tmp_path_factory.mktemp("llama") / "llama.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [
-                # eval.llama_server is llama_cpp.server with the AMX path off: on VMs that
-                # report AMX without granting it the first decode dies with a segfault.
-                sys.executable, "-m", "eval.llama_server", "--model", smollm2_path(),
-                "--host", "127.0.0.1", "--port", str(port), "--n_ctx", "8192",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/models", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, "llama.cpp server did not start"
-            time.sleep(0.5)
+def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with smollm2_server(tmp_path_factory.mktemp("llama") / "llama.log") as base:
         yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def test_real_model_conversation_through_the_proxy(llama: str, tmp_path: Path) -> None:
@@ -126,7 +92,17 @@ def test_real_model_conversation_through_the_proxy(llama: str, tmp_path: Path) -
         # Whatever the model wrote, the proxy kept every request under the emergency limit
         # (3 x trigger) by a summary or, if the model's output was unusable, a truncation.
         assert all(int(h["x-compaction-forwarded-tokens"]) <= 3600 for h in seen), cases
-        assert any(c in {"summarize", "truncate", "emergency"} for c in cases), cases
         logs = px.logs()
+        # A 135M model's summaries often fail the summary checks (invented transcripts,
+        # fragments): then the request goes through whole and the log says why, never a
+        # summary that the checks reject.
+        failed = [
+            json.loads(line)
+            for line in logs.splitlines()
+            if line.startswith("{") and '"compaction failed"' in line
+        ]
+        compacted = [c for c in cases if c in {"summarize", "truncate", "emergency", "prune"}]
+        assert compacted or failed, cases
+        assert all(f.get("error") for f in failed), failed
         assert "sk-local" not in logs, "an API key reached the logs"
         assert FACTS[0] not in logs, "message content reached the INFO logs"
