@@ -299,7 +299,7 @@ class Compactor:
                 )
             except StoreError as exc:
                 log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
-        prepared = self._view(
+        view_args = (
             messages,
             counts,
             chain,
@@ -310,6 +310,10 @@ class Compactor:
             record,
             original_tokens,
             summary_joins,
+        )
+        # Substitution walks the whole history too: off the loop for a huge one.
+        prepared = (
+            await asyncio.to_thread(self._view, *view_args) if offload else self._view(*view_args)
         )
         prepared.summary_role = summary_role or self.settings.summary_role
         prepared.llm_model = llm_model or model
