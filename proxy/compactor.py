@@ -31,8 +31,7 @@ from . import (
     stability,
     summarizer,
 )
-from .controls import Controls
-from .controls import sampled as _sampled
+from .controls import Controls, sampled
 from .errors import CompactionFailed, StoreError
 from .fingerprint import (
     conversation_id,
@@ -343,7 +342,7 @@ class Compactor:
             )
 
         prepared.decision = decide()
-        if controls.shadow and not controls_sampled(conversation, self.settings):
+        if controls.shadow and not sampled(conversation, self.settings.shadow_sample_rate):
             prepared.decision = planner.Decision(
                 "forward", "shadow mode: conversation not sampled", use_llm=False
             )
@@ -1153,11 +1152,6 @@ def _reply_usd(reply: LLMReply) -> float:
 
 def _head_len(prepared: Prepared) -> int:
     return prepared.record.head_len if prepared.record else head_length(prepared.original)
-
-
-def controls_sampled(conversation: str, settings: CompactionSettings) -> bool:
-    """Whether shadow mode runs this conversation's would-be compactions."""
-    return _sampled(conversation, settings.shadow_sample_rate)
 
 
 def _pin_lines(

@@ -14,6 +14,7 @@ import socketserver
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -80,6 +81,21 @@ def sse_crlf_events() -> list[bytes]:
     ]
 
 
+def tcp_server(handle: Callable[[socket.socket], None]) -> socketserver.ThreadingTCPServer:
+    """A threaded TCP server on a free loopback port calling ``handle(connection)``
+    (not yet serving: the caller starts ``serve_forever`` and shuts it down)."""
+
+    class Handler(socketserver.BaseRequestHandler):
+        def handle(self) -> None:
+            handle(self.request)
+
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+
+    return Server(("127.0.0.1", 0), Handler)
+
+
 class RawUpstream:
     """``with RawUpstream() as up: up.url(...)`` - every request lands in ``up.seen``.
 
@@ -93,17 +109,7 @@ class RawUpstream:
         self.drip_s = drip_s
         self.drips_finished = 0
         self.lock = threading.Lock()
-        owner = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                owner._handle(self.request)
-
-        class Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = Server(("127.0.0.1", 0), Handler)
+        self._server = tcp_server(self._handle)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 

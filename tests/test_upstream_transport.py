@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import socket
-import socketserver
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from proxy.aiotransport import httpx_errors
 from proxy.reach import classify
 from tests.proxyproc import ProxyProcess, free_port
+from tests.rawupstream import tcp_server
 
 TRANSPORTS = ("aiohttp", "httpx")
 WAIT_S = 60.0  # only ever reached when something is broken
@@ -46,17 +46,7 @@ class GatedUpstream:
         self.go = threading.Event()
         self.closed = threading.Event()
         self.release = threading.Event()  # ends stalls when the tests are done
-        owner = self
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                owner._handle(self.request)
-
-        class Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self._server = Server(("127.0.0.1", 0), Handler)
+        self._server = tcp_server(self._handle)
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
