@@ -36,12 +36,12 @@ from typing import Any
 
 import orjson
 
-from proxy.compactor import Compactor, Prompts
+from proxy.adapters.llm import LLMReply
+from proxy.adapters.store import DiskStore
 from proxy.config import load_prompt
-from proxy.llm import LLMReply
-from proxy.settings import CompactionSettings
-from proxy.store import DiskStore
-from proxy.tokens import TokenCounter
+from proxy.core.settings import CompactionSettings
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import Compactor, Prompts
 
 Message = dict[str, Any]
 Summarizer = Callable[[str, int], str]  # (transcript, budget tokens) -> summary text

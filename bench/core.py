@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from proxy.compactor import Compactor, Prompts
-from proxy.fingerprint import conversation_id, fingerprints, prefix_chain, tenant_id
-from proxy.records import MAX_CHECKPOINTS, CompactionRecord, conv_key
-from proxy.settings import CompactionSettings
-from proxy.store import DiskStore
-from proxy.tokens import TokenCounter
+from proxy.adapters.store import DiskStore
+from proxy.core.fingerprint import conversation_id, fingerprints, prefix_chain, tenant_id
+from proxy.core.records import MAX_CHECKPOINTS, CompactionRecord, conv_key
+from proxy.core.settings import CompactionSettings
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import Compactor, Prompts
 
 MODEL = "gpt-4o"
 SIZES = (10, 100, 1000, 5000)

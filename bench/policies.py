@@ -38,11 +38,11 @@ import orjson
 from bench.savings import FULL as SAVINGS_FULL
 from bench.savings import SMOKE as SAVINGS_SMOKE
 from bench.savings import Message, bill, drive, price_line, scripted_upstream, token_counter
-from proxy import costs
 from proxy.config import load_prompt
-from proxy.messages import head_length, transcript
-from proxy.planner import summary_message
-from proxy.settings import CompactionSettings
+from proxy.core import costs
+from proxy.core.messages import head_length, transcript
+from proxy.core.planner import summary_message
+from proxy.core.settings import CompactionSettings
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream, default_summarizer
 

@@ -33,9 +33,9 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy import costs
-from proxy.fingerprint import fingerprints
-from proxy.tokens import TokenCounter
+from proxy.core import costs
+from proxy.core.fingerprint import fingerprints
+from proxy.core.tokens import TokenCounter
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream, default_detector, default_summarizer

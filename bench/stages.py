@@ -2,10 +2,10 @@
 
     python -m bench.stages [--smoke] [--reps N] [--json PATH]
 
-In one process, the proxy's real app (``proxy.server.create_app``, its lifespan run, a
+In one process, the proxy's real app (``proxy.server.app.create_app``, its lifespan run, a
 diskcache store); the fast upstream (``bench.upstream_fast``) in its own process.
 Substitution rows find a compaction record written as ``bench.core`` writes one. Each
-repetition runs the request path of ``proxy.server._serve`` piece by piece, timed with
+repetition runs the request path of ``proxy.server.app._serve`` piece by piece, timed with
 ``time.perf_counter``:
 
 - ``parse``: ``orjson`` into a dict (``validation.parse_json_object``);
@@ -61,23 +61,23 @@ from bench.overhead import (
     FastUpstream,
     request_body,
 )
-from proxy import server as srv
+from proxy.adapters.forward import make_client, request_headers, upstream_url
+from proxy.adapters.store import DiskStore
 from proxy.config import parse_config
-from proxy.controls import request_controls
-from proxy.fingerprint import (
+from proxy.core.controls import request_controls
+from proxy.core.fingerprint import (
     conversation_id,
     earlier_conversation_id,
     fingerprints,
     prefix_chain,
     tenant_id,
 )
-from proxy.forward import make_client, request_headers, upstream_url
-from proxy.headers import compaction_headers
+from proxy.core.headers import compaction_headers
 from proxy.logs import JsonFormatter
-from proxy.sse import EventSplitter
-from proxy.store import DiskStore
-from proxy.surfaces import OPENAI_CHAT
-from proxy.validation import parse_json_object
+from proxy.server import app as srv
+from proxy.server.sse import EventSplitter
+from proxy.server.surfaces import OPENAI_CHAT
+from proxy.server.validation import parse_json_object
 
 STAGES = (
     "parse",

@@ -29,16 +29,15 @@ import httpx
 import yaml
 
 import proxy as proxy_package
-from proxy.fingerprint import fingerprints
-from proxy.lossreport import split_summary
-from proxy.summarizer import strip_summary_header
-from proxy.summarycheck import check
-from proxy.tokens import TokenCounter
-
-from . import conversations as convs
-from .baselines import all_text, drop_the_middle, keep_last_turns, present
-from .relay import Relay
-from .report import render
+from eval import conversations as convs
+from eval.baselines import all_text, drop_the_middle, keep_last_turns, present
+from eval.relay import Relay
+from eval.report import render
+from proxy.core.fingerprint import fingerprints
+from proxy.core.lossreport import split_summary
+from proxy.core.summarizer import strip_summary_header
+from proxy.core.summarycheck import check
+from proxy.core.tokens import TokenCounter
 
 COMPACTION = {
     # Small enough that a 135M model on a shared CPU compacts each conversation a few times

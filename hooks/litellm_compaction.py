@@ -37,17 +37,17 @@ from typing import Any
 import yaml
 from litellm.integrations.custom_logger import CustomLogger
 
-from proxy import ledger
-from proxy.compactor import Compactor, Prepared, Prompts
+from proxy.adapters.llm import LLMReply, reply_from
+from proxy.adapters.store import open_store
 from proxy.config import ENV_VAR, Config, ConfigError, load_config, load_prompt, parse_config
-from proxy.controls import request_controls
-from proxy.errors import CompactionFailed, StoreError
-from proxy.fingerprint import tenant_id
-from proxy.headers import compaction_headers
-from proxy.llm import LLMReply, reply_from
+from proxy.core.controls import request_controls
+from proxy.core.errors import CompactionFailed, StoreError
+from proxy.core.fingerprint import tenant_id
+from proxy.core.headers import compaction_headers
+from proxy.core.messages import Message
+from proxy.engine.compactor import Compactor, Prepared, Prompts
 from proxy.logs import setup_logging
-from proxy.messages import Message
-from proxy.store import open_store
+from proxy.operators import ledger
 
 log = logging.getLogger("compaction_proxy.litellm")
 

@@ -9,8 +9,8 @@ import shutil
 import sys
 from typing import Any
 
-from .config import ENV_VAR, Config, ConfigError, load_config
-from .reach import safe_url
+from proxy.adapters.reach import safe_url
+from proxy.config import ENV_VAR, Config, ConfigError, load_config
 
 OVERRIDES_VAR = "COMPACTION_PROXY_OVERRIDES"
 # Command-line flag -> (config section, key): a flag is validated exactly as that YAML key.
@@ -39,8 +39,8 @@ def config_from_env() -> Config:
 
 def app_factory() -> Any:
     """uvicorn ``--factory`` entry point, used for every worker."""
-    from .logs import setup_logging
-    from .server import create_app
+    from proxy.logs import setup_logging
+    from proxy.server.app import create_app
 
     setup_logging(os.environ.get("COMPACTION_PROXY_LOG_LEVEL", "INFO"))
     return create_app(config_from_env())
@@ -74,7 +74,7 @@ def _load(args: argparse.Namespace) -> Config | None:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from .preflight import startup_problems
+    from proxy.preflight import startup_problems
 
     config = _load(args)
     if config is None:
@@ -125,7 +125,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .preflight import check
+    from proxy.preflight import check
 
     config = _load(args)
     if config is None:
@@ -139,7 +139,7 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from .stats_cli import print_stats
+    from proxy.operators.stats_cli import print_stats
 
     config = _load(args)
     if config is None:

@@ -14,7 +14,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 
-from .settings import CompactionSettings
+from proxy.core.settings import CompactionSettings
 
 ENV_VAR = "COMPACTION_PROXY_CONFIG"
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")

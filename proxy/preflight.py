@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import httpx
 
-from .config import PROMPT_NAMES, Config, ConfigError, load_prompt, prompt_path
-from .modelmap import MAP_FILE, litellm_package_dir
-from .reach import classify, safe_url
+from proxy.adapters.reach import classify, safe_url
+from proxy.config import PROMPT_NAMES, Config, ConfigError, load_prompt, prompt_path
+from proxy.core.modelmap import MAP_FILE, litellm_package_dir
 
 # The encodings the proxy counts with (tokens._SUBSTITUTE maps every other one onto these).
 ENCODINGS = ("o200k_base", "cl100k_base", "p50k_base")
@@ -29,7 +29,7 @@ class Finding:
 
 def data_finding() -> Finding:
     """LiteLLM's model map and tokenizer files, which the proxy reads offline."""
-    from . import tokens  # builds encodings: only when asked
+    from proxy.core import tokens  # builds encodings: only when asked
 
     pkg = litellm_package_dir()
     if pkg is None:
@@ -78,7 +78,7 @@ def startup_problems(config: Config) -> list[str]:
 
 
 def store_finding(config: Config) -> Finding:
-    from .store import open_store
+    from proxy.adapters.store import open_store
 
     url = config.store.url
     shown = safe_url(url) if "://" in url and not url.startswith("diskcache://") else url

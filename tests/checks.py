@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 from tests.conversations import FACTS
 
 SUMMARY_PREFIX = "[History Summary - "

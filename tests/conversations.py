@@ -29,29 +29,79 @@ FACTS: list[str] = [
 TOOL_NAMES = ("read_file", "run_tests", "grep")
 MAX_TOOL_ROUNDS = 4  # guard against a reply function that never stops calling tools
 
-_PATHS = ["src/app.py", "src/billing/invoice.py", "src/billing/parser.py", "src/api/routes.py",
-          "src/workers/retry.py", "src/db/models.py", "src/cache/store.py", "src/config.py",
-          "tests/test_invoice.py", "tests/test_parser.py", "tests/test_routes.py"]
-_FUNCS = ["parse_invoice", "apply_discount", "load_settings", "retry_with_backoff",
-          "render_receipt", "sync_ledger", "validate_payload", "flush_queue", "open_session",
-          "compute_tax", "normalize_currency", "emit_metrics"]
-_COMPONENTS = ["invoice parser", "retry worker", "settings loader", "ledger sync job",
-               "receipt renderer", "API router", "session cache", "metrics exporter",
-               "migration script", "tax calculator"]
-_PROBLEMS = ["times out under load", "drops the last line item", "logs the wrong tenant id",
-             "double-counts refunds", "leaks a database connection",
-             "ignores the currency override", "retries forever on a 409",
-             "returns stale totals after an update", "swallows validation errors",
-             "rounds half-cents the wrong way"]
-_ACTIONS = ["add a regression test", "split the function in two", "tighten the type hints",
-            "move the constant into settings", "add structured logging",
-            "replace the ad-hoc retry with the shared helper", "cache the lookup per request",
-            "document the invariants in the docstring", "make the error message actionable",
-            "remove the dead branch"]
-_CONDITIONS = ["the tenant has more than one currency", "the queue backs up past a thousand jobs",
-               "a refund arrives before the original charge", "the feature flag is off",
-               "the upstream API returns a partial page", "daylight saving time changes",
-               "two workers pick up the same invoice", "the payload has unicode in the memo"]
+_PATHS = [
+    "src/app.py",
+    "src/billing/invoice.py",
+    "src/billing/parser.py",
+    "src/api/routes.py",
+    "src/workers/retry.py",
+    "src/db/models.py",
+    "src/cache/store.py",
+    "src/config.py",
+    "tests/test_invoice.py",
+    "tests/test_parser.py",
+    "tests/test_routes.py",
+]
+_FUNCS = [
+    "parse_invoice",
+    "apply_discount",
+    "load_settings",
+    "retry_with_backoff",
+    "render_receipt",
+    "sync_ledger",
+    "validate_payload",
+    "flush_queue",
+    "open_session",
+    "compute_tax",
+    "normalize_currency",
+    "emit_metrics",
+]
+_COMPONENTS = [
+    "invoice parser",
+    "retry worker",
+    "settings loader",
+    "ledger sync job",
+    "receipt renderer",
+    "API router",
+    "session cache",
+    "metrics exporter",
+    "migration script",
+    "tax calculator",
+]
+_PROBLEMS = [
+    "times out under load",
+    "drops the last line item",
+    "logs the wrong tenant id",
+    "double-counts refunds",
+    "leaks a database connection",
+    "ignores the currency override",
+    "retries forever on a 409",
+    "returns stale totals after an update",
+    "swallows validation errors",
+    "rounds half-cents the wrong way",
+]
+_ACTIONS = [
+    "add a regression test",
+    "split the function in two",
+    "tighten the type hints",
+    "move the constant into settings",
+    "add structured logging",
+    "replace the ad-hoc retry with the shared helper",
+    "cache the lookup per request",
+    "document the invariants in the docstring",
+    "make the error message actionable",
+    "remove the dead branch",
+]
+_CONDITIONS = [
+    "the tenant has more than one currency",
+    "the queue backs up past a thousand jobs",
+    "a refund arrives before the original charge",
+    "the feature flag is off",
+    "the upstream API returns a partial page",
+    "daylight saving time changes",
+    "two workers pick up the same invoice",
+    "the payload has unicode in the memo",
+]
 _SENTENCES = [
     "The {comp} in {path} still {prob} when {cond}, so I would like to {act} before we go on.",
     "I looked at {path} around line {n} and noticed that {func}() {prob} in that case.",
@@ -110,9 +160,17 @@ def _prose(rng: random.Random, target_words: int) -> str:
     while words < target_words:
         func, func2 = rng.sample(_FUNCS, 2)
         sentence = rng.choice(_SENTENCES).format(
-            comp=rng.choice(_COMPONENTS), path=rng.choice(_PATHS), prob=rng.choice(_PROBLEMS),
-            act=rng.choice(_ACTIONS), cond=rng.choice(_CONDITIONS), func=func, func2=func2,
-            n=rng.randint(3, 900), k=rng.randint(1, 9), m=rng.randint(10, 60))
+            comp=rng.choice(_COMPONENTS),
+            path=rng.choice(_PATHS),
+            prob=rng.choice(_PROBLEMS),
+            act=rng.choice(_ACTIONS),
+            cond=rng.choice(_CONDITIONS),
+            func=func,
+            func2=func2,
+            n=rng.randint(3, 900),
+            k=rng.randint(1, 9),
+            m=rng.randint(10, 60),
+        )
         out.append(sentence)
         words += len(sentence.split())
     return " ".join(out)
@@ -122,8 +180,10 @@ def _tool_args(rng: random.Random, name: str) -> str:
     if name == "read_file":
         args: dict[str, Any] = {"path": rng.choice(_PATHS)}
     elif name == "run_tests":
-        args = {"target": rng.choice([p for p in _PATHS if p.startswith("tests/")]),
-                "k": rng.choice(_FUNCS)}
+        args = {
+            "target": rng.choice([p for p in _PATHS if p.startswith("tests/")]),
+            "k": rng.choice(_FUNCS),
+        }
     else:
         args = {"pattern": rng.choice(_FUNCS), "path": "src/"}
     return json.dumps(args)
@@ -144,15 +204,24 @@ def user_turns(n_turns: int, seed: int = 0, facts_every: int | None = None) -> l
             parts.append(FACTS[fact_index])
         if t % 4 == 3:
             name = TOOL_NAMES[(t // 4) % len(TOOL_NAMES)]
-            parts.append(f"{_prose(rng, rng.randint(100, 150))} Use the tool for this: "
-                         f"[[tool:{name}:{_tool_args(rng, name)}]]")
+            parts.append(
+                f"{_prose(rng, rng.randint(100, 150))} Use the tool for this: "
+                f"[[tool:{name}:{_tool_args(rng, name)}]]"
+            )
         else:
             parts.append(_prose(rng, rng.randint(200, 300)))
             for attachment in rng.sample(_ATTACHMENTS, 1 + (rng.random() < 0.6)):
                 func, func2 = rng.sample(_FUNCS, 2)
-                parts.append(attachment.format(
-                    func=func, func2=func2, path=rng.choice(_PATHS), n=rng.randint(10, 400),
-                    k=rng.randint(2, 9), m=rng.randint(10, 90)))
+                parts.append(
+                    attachment.format(
+                        func=func,
+                        func2=func2,
+                        path=rng.choice(_PATHS),
+                        n=rng.randint(10, 400),
+                        k=rng.randint(2, 9),
+                        m=rng.randint(10, 90),
+                    )
+                )
         turns.append("\n\n".join(parts))
     return turns
 
@@ -174,14 +243,23 @@ def tool_result(tool_call: Any) -> str:
         args = {}
     if name == "read_file":
         path = args.get("path", "src/app.py")
-        lines = [f"# {path}", "from __future__ import annotations", "import logging", "",
-                 "log = logging.getLogger(__name__)", ""]
+        lines = [
+            f"# {path}",
+            "from __future__ import annotations",
+            "import logging",
+            "",
+            "log = logging.getLogger(__name__)",
+            "",
+        ]
         for func in rng.sample(_FUNCS, 6):
-            lines += [f"def {func}(payload, settings=None):",
-                      f'    """{rng.choice(_COMPONENTS).capitalize()} helper; '
-                      f'{rng.choice(_PROBLEMS)} when {rng.choice(_CONDITIONS)}."""',
-                      f"    log.debug('{func} start %s', payload.get('id'))",
-                      f"    return {rng.choice(_FUNCS)}(payload, settings)", ""]
+            lines += [
+                f"def {func}(payload, settings=None):",
+                f'    """{rng.choice(_COMPONENTS).capitalize()} helper; '
+                f'{rng.choice(_PROBLEMS)} when {rng.choice(_CONDITIONS)}."""',
+                f"    log.debug('{func} start %s', payload.get('id'))",
+                f"    return {rng.choice(_FUNCS)}(payload, settings)",
+                "",
+            ]
         return "\n".join(lines)
     if name == "run_tests":
         target = args.get("target", "tests")
@@ -190,18 +268,24 @@ def tool_result(tool_call: Any) -> str:
         for func in rng.sample(_FUNCS, 12):
             ok = rng.random() < 0.75
             failed += not ok
-            lines.append(f"{target}::test_{func}_{rng.choice(['basic', 'edge', 'unicode'])} "
-                         f"{'PASSED' if ok else 'FAILED'}")
+            lines.append(
+                f"{target}::test_{func}_{rng.choice(['basic', 'edge', 'unicode'])} "
+                f"{'PASSED' if ok else 'FAILED'}"
+            )
             if not ok:
-                lines.append(f"    AssertionError: {func}() {rng.choice(_PROBLEMS)} "
-                             f"(expected {rng.randint(1, 99)}, got {rng.randint(100, 999)})")
+                lines.append(
+                    f"    AssertionError: {func}() {rng.choice(_PROBLEMS)} "
+                    f"(expected {rng.randint(1, 99)}, got {rng.randint(100, 999)})"
+                )
         lines.append(f"{failed} failed, {12 - failed} passed in {rng.uniform(0.5, 9):.2f}s")
         return "\n".join(lines)
     pattern = args.get("pattern", name or "tool")
     lines = [f"$ grep -rn {pattern} {args.get('path', '.')}"]
     for path in rng.sample(_PATHS, 11):
-        lines.append(f"{path}:{rng.randint(5, 400)}:    result = {pattern}(payload, "
-                     f"settings=settings)  # {rng.choice(_PROBLEMS)}")
+        lines.append(
+            f"{path}:{rng.randint(5, 400)}:    result = {pattern}(payload, "
+            f"settings=settings)  # {rng.choice(_PROBLEMS)}"
+        )
     lines.append(f"{len(lines) - 1} matches in {len(_PATHS)} files searched")
     return "\n".join(lines)
 
@@ -213,15 +297,22 @@ def _clean(message: Any) -> dict:
     out = {"role": message.get("role") or "assistant", "content": message.get("content")}
     if message.get("tool_calls"):
         out["tool_calls"] = [
-            {"id": c["id"], "type": c.get("type") or "function",
-             "function": {"name": c["function"]["name"],
-                          "arguments": c["function"].get("arguments") or ""}}
-            for c in message["tool_calls"]]
+            {
+                "id": c["id"],
+                "type": c.get("type") or "function",
+                "function": {
+                    "name": c["function"]["name"],
+                    "arguments": c["function"].get("arguments") or "",
+                },
+            }
+            for c in message["tool_calls"]
+        ]
     return out
 
 
-def _driver(n_turns: int, system_prompt: str, seed: int,
-            facts_every: int | None) -> Generator[list[dict], Any, list[dict]]:
+def _driver(
+    n_turns: int, system_prompt: str, seed: int, facts_every: int | None
+) -> Generator[list[dict], Any, list[dict]]:
     """Shared loop: yields the messages to send and receives the assistant reply, so the
     sync and async drivers cannot drift apart."""
     messages: list[dict] = [{"role": "system", "content": system_prompt}]
@@ -234,13 +325,19 @@ def _driver(n_turns: int, system_prompt: str, seed: int,
             if not calls:
                 break
             for call in calls:
-                messages.append({"role": "tool", "tool_call_id": call["id"],
-                                 "content": tool_result(call)})
+                messages.append(
+                    {"role": "tool", "tool_call_id": call["id"], "content": tool_result(call)}
+                )
     return messages
 
 
-def drive_conversation(send: Callable[[list[dict]], Any], n_turns: int, system_prompt: str,
-                       seed: int = 0, facts_every: int | None = None) -> list[dict]:
+def drive_conversation(
+    send: Callable[[list[dict]], Any],
+    n_turns: int,
+    system_prompt: str,
+    seed: int = 0,
+    facts_every: int | None = None,
+) -> list[dict]:
     gen = _driver(n_turns, system_prompt, seed, facts_every)
     try:
         outgoing = next(gen)
@@ -250,9 +347,13 @@ def drive_conversation(send: Callable[[list[dict]], Any], n_turns: int, system_p
         return done.value
 
 
-async def adrive_conversation(asend: Callable[[list[dict]], Awaitable[Any]], n_turns: int,
-                              system_prompt: str, seed: int = 0,
-                              facts_every: int | None = None) -> list[dict]:
+async def adrive_conversation(
+    asend: Callable[[list[dict]], Awaitable[Any]],
+    n_turns: int,
+    system_prompt: str,
+    seed: int = 0,
+    facts_every: int | None = None,
+) -> list[dict]:
     gen = _driver(n_turns, system_prompt, seed, facts_every)
     try:
         outgoing = next(gen)

@@ -11,11 +11,11 @@ import random
 from pathlib import Path
 from typing import Any
 
-from proxy.compactor import Compactor, Prompts
-from proxy.llm import LLMReply
-from proxy.settings import CompactionSettings
-from proxy.store import DiskStore
-from proxy.tokens import TokenCounter
+from proxy.adapters.llm import LLMReply
+from proxy.adapters.store import DiskStore
+from proxy.core.settings import CompactionSettings
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import Compactor, Prompts
 
 MODEL = "gpt-4o-mini"
 PLANTED = [

@@ -15,7 +15,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 from tests.checks import INLINE
 from tests.conversations import tool_result, user_turns
 from tests.proxyproc import ProxyProcess

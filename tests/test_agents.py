@@ -15,21 +15,21 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy import pins, prune
-from proxy.compactor import Compactor, Prepared
-from proxy.errors import CompactionFailed
-from proxy.messages import SUMMARY_PREFIX
-from proxy.planner import cut_points
-from proxy.records import body_start
-from proxy.settings import CompactionSettings
-from proxy.store import DiskStore
-from proxy.surfaces import (
+from proxy.adapters.store import DiskStore
+from proxy.core import pins, prune
+from proxy.core.errors import CompactionFailed
+from proxy.core.messages import SUMMARY_PREFIX
+from proxy.core.planner import cut_points
+from proxy.core.records import body_start
+from proxy.core.settings import CompactionSettings
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import Compactor, Prepared
+from proxy.server.surfaces import (
     _messages_from_view,
     _messages_to_view,
     _responses_from_view,
     _responses_to_view,
 )
-from proxy.tokens import TokenCounter
 from tests.test_compactor import MODEL, PROMPTS, FakeLLM
 
 Message = dict[str, Any]

@@ -10,7 +10,7 @@ import httpx
 import orjson
 import pytest
 
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 from tests.checks import INLINE, assert_facts_present
 from tests.conversations import tool_result, user_turns
 from tests.proxyproc import ProxyProcess

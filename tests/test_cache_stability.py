@@ -9,15 +9,16 @@ import openai
 import orjson
 import pytest
 
-from proxy import costs, ledger, stability
-from proxy.compactor import Compactor, Prompts
-from proxy.errors import CompactionFailed
-from proxy.llm import LLMReply
-from proxy.records import conv_key
-from proxy.settings import CompactionSettings
-from proxy.stability import StabilityState, TierThresholds
-from proxy.store import DiskStore
-from proxy.tokens import TokenCounter
+from proxy.adapters.llm import LLMReply
+from proxy.adapters.store import DiskStore
+from proxy.core import costs, stability
+from proxy.core.errors import CompactionFailed
+from proxy.core.records import conv_key
+from proxy.core.settings import CompactionSettings
+from proxy.core.stability import StabilityState, TierThresholds
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import Compactor, Prompts
+from proxy.operators import ledger
 from tests.checks import INLINE, assert_forwarded_faithful, summary_index
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess

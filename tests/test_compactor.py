@@ -17,15 +17,15 @@ from typing import Any
 import orjson
 import pytest
 
-from proxy.compactor import EMERGENCY_NOTE, Compactor, Prepared, Prompts
-from proxy.errors import CompactionFailed
-from proxy.fingerprint import fingerprints, prefix_chain
-from proxy.llm import LLMReply
-from proxy.messages import SUMMARY_PREFIX
-from proxy.records import body_start, conv_key
-from proxy.settings import CompactionSettings
-from proxy.store import DiskStore
-from proxy.tokens import TokenCounter
+from proxy.adapters.llm import LLMReply
+from proxy.adapters.store import DiskStore
+from proxy.core.errors import CompactionFailed
+from proxy.core.fingerprint import fingerprints, prefix_chain
+from proxy.core.messages import SUMMARY_PREFIX
+from proxy.core.records import body_start, conv_key
+from proxy.core.settings import CompactionSettings
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import EMERGENCY_NOTE, Compactor, Prepared, Prompts
 
 Message = dict[str, Any]
 MODEL = "gpt-4o-mini"
@@ -309,7 +309,7 @@ async def test_background_compaction_via_schedule_and_drain(make: MakeCompactor)
 
 
 def store_events(c: Compactor, p: Prepared) -> list[dict[str, Any]]:
-    from proxy.store import get_list
+    from proxy.adapters.store import get_list
 
     return get_list(c.store, conv_key("ev", p.tenant, p.conversation))
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.detector import (
+from proxy.core.detector import (
     SAFE_DEFAULT,
     Detection,
     build_request,

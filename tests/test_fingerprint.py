@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from proxy.fingerprint import (
+from proxy.core.fingerprint import (
     canonical_form,
     chain_root,
     conversation_id,

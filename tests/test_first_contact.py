@@ -14,8 +14,8 @@ import openai
 import pytest
 import yaml
 
+from proxy.adapters.reach import classify, safe_url
 from proxy.config import ConfigError, parse_config
-from proxy.reach import classify, safe_url
 from tests.proxyproc import ProxyProcess, cli_path, free_port
 from tests.upstream import ScriptedUpstream
 

@@ -14,9 +14,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from proxy.adapters.store import DiskStore
 from proxy.config import parse_config
-from proxy.server import create_app
-from proxy.store import DiskStore
+from proxy.server.app import create_app
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboard.json"

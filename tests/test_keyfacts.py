@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.keyfacts import extract_key_facts, facts_in, guard, ranked, scaled_budget
+from proxy.core.keyfacts import extract_key_facts, facts_in, guard, ranked, scaled_budget
 
 
 @pytest.mark.parametrize(

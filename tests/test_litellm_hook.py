@@ -34,11 +34,11 @@ from hooks.litellm_compaction import (  # noqa: E402
     is_internal,
     tenant_of,
 )
-from proxy.compactor import Compactor, Prompts  # noqa: E402
+from proxy.adapters.llm import LLMReply  # noqa: E402
+from proxy.adapters.store import DiskStore  # noqa: E402
 from proxy.config import load_config  # noqa: E402
-from proxy.llm import LLMReply  # noqa: E402
-from proxy.settings import CompactionSettings  # noqa: E402
-from proxy.store import DiskStore  # noqa: E402
+from proxy.core.settings import CompactionSettings  # noqa: E402
+from proxy.engine.compactor import Compactor, Prompts  # noqa: E402
 from tests.checks import (  # noqa: E402
     LOW_TRIGGER,
     assert_facts_present,

@@ -7,9 +7,9 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy import llm as llm_module
-from proxy.errors import CompactionFailed
-from proxy.llm import HttpLLM, LLMReply
+from proxy.adapters import llm as llm_module
+from proxy.adapters.llm import HttpLLM, LLMReply
+from proxy.core.errors import CompactionFailed
 from tests.upstream import ScriptedUpstream
 
 MESSAGES = [{"role": "system", "content": "x"}, {"role": "user", "content": "FACT: a.\nhello"}]

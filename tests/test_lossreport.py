@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy.keyfacts import guard
-from proxy.lossreport import facts_text, note_keeps_all, report, split_summary
+from proxy.core.keyfacts import guard
+from proxy.core.lossreport import facts_text, note_keeps_all, report, split_summary
 
 SPAN = (
     "USER: the refund ticket is PAY-48213 for order KB-7734-BLK, amount $1,200.50.\n"
@@ -50,8 +50,8 @@ def test_reasoning_items_are_never_mined() -> None:
 
 
 def test_metrics_and_stats_count_facts_kept_and_dropped() -> None:
-    from proxy.metrics import Metrics
-    from proxy.stats_cli import render
+    from proxy.operators.metrics import Metrics
+    from proxy.operators.stats_cli import render
 
     m = Metrics()
     m.observe_event({"case": "summarize", "duration_s": 1.0, "facts_kept": 7, "facts_dropped": 2})

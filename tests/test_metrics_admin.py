@@ -18,11 +18,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.testclient import TestClient
 
+from proxy.adapters.store import DiskStore
 from proxy.config import parse_config
-from proxy.metrics import input_price
-from proxy.server import create_app
-from proxy.store import DiskStore
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
+from proxy.operators.metrics import input_price
+from proxy.server.app import create_app
 from tests.conversations import FACTS, drive_conversation
 from tests.proxyproc import ProxyProcess, cli_path
 from tests.upstream import ScriptedUpstream

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy import modelmap
-from proxy.modelmap import ModelInfo, context_window, model_info, provider_family
+from proxy.core import modelmap
+from proxy.core.modelmap import ModelInfo, context_window, model_info, provider_family
 
 REPO = Path(__file__).resolve().parents[1]
 

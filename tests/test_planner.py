@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from proxy import planner
-from proxy.messages import SUMMARY_PREFIX, head_length
-from proxy.planner import (
+from proxy.core import planner
+from proxy.core.messages import SUMMARY_PREFIX, head_length
+from proxy.core.planner import (
     choose_case,
     cut_points,
     decide,
@@ -21,7 +21,7 @@ from proxy.planner import (
     summary_message,
     verbatim_start,
 )
-from proxy.settings import CompactionSettings
+from proxy.core.settings import CompactionSettings
 
 Message = dict[str, Any]
 

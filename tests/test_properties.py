@@ -21,16 +21,16 @@ import orjson
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from proxy.compactor import Compactor, Prepared
-from proxy.errors import CompactionFailed
-from proxy.fingerprint import conversation_id, fingerprints, prefix_chain
-from proxy.messages import head_length, text_of
-from proxy.pins import first_user_index
-from proxy.planner import cut_points, emergency_cut, plan_cut
-from proxy.records import body_start
-from proxy.settings import CompactionSettings
-from proxy.store import DiskStore
-from proxy.tokens import TokenCounter
+from proxy.adapters.store import DiskStore
+from proxy.core.errors import CompactionFailed
+from proxy.core.fingerprint import conversation_id, fingerprints, prefix_chain
+from proxy.core.messages import head_length, text_of
+from proxy.core.pins import first_user_index
+from proxy.core.planner import cut_points, emergency_cut, plan_cut
+from proxy.core.records import body_start
+from proxy.core.settings import CompactionSettings
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import Compactor, Prepared
 from tests.test_compactor import MODEL, PROMPTS, FakeLLM
 
 Message = dict[str, Any]

@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from proxy.fingerprint import fingerprints, prefix_chain
-from proxy.records import (
+from proxy.adapters.store import DiskStore, RedisStore, get_list, open_store
+from proxy.core.fingerprint import fingerprints, prefix_chain
+from proxy.core.records import (
     Checkpoint,
     CompactionRecord,
     body_start,
@@ -21,7 +22,6 @@ from proxy.records import (
     parse_checkpoints,
     substitute,
 )
-from proxy.store import DiskStore, RedisStore, get_list, open_store
 
 # ---- records ---------------------------------------------------------------------------------
 

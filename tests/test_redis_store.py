@@ -13,8 +13,8 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.errors import StoreError
-from proxy.store import RedisStore, get_list, open_store
+from proxy.adapters.store import RedisStore, get_list, open_store
+from proxy.core.errors import StoreError
 from tests.checks import INLINE, assert_forwarded_faithful, summary_index
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess, free_port

@@ -191,7 +191,7 @@ def test_tenant_id_from_the_dashboard_opts_a_key_out(
     upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
     upstream.reset()
-    from proxy.fingerprint import tenant_id
+    from proxy.core.fingerprint import tenant_id
 
     settings = {
         **LOW_TRIGGER,
@@ -361,7 +361,7 @@ def test_responses_compact_is_relayed_and_counted_as_a_client_compaction(
 def test_shadow_sampling_runs_no_summaries_outside_the_sample(
     upstream: ScriptedUpstream, tmp_path: Path
 ) -> None:
-    from proxy.controls import sampled
+    from proxy.core.controls import sampled
 
     assert sampled("any", 1.0) and not sampled("any", 0.0)
     share = sum(sampled(f"conv-{i}", 0.25) for i in range(4000)) / 4000

@@ -22,8 +22,8 @@ import pytest
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from hooks.litellm_compaction import LiteLLMRouterLLM  # noqa: E402
-from proxy.errors import CompactionFailed, StoreError  # noqa: E402
-from proxy.store import RedisStore  # noqa: E402
+from proxy.adapters.store import RedisStore  # noqa: E402
+from proxy.core.errors import CompactionFailed, StoreError  # noqa: E402
 from tests.checks import INLINE  # noqa: E402
 from tests.proxyproc import ProxyProcess, free_port  # noqa: E402
 from tests.rawupstream import RawUpstream  # noqa: E402

@@ -14,10 +14,10 @@ from typing import Any
 
 import httpx
 
-from proxy import ledger
-from proxy.records import conv_key
-from proxy.store import DiskStore
-from proxy.writer import BatchWriter
+from proxy.adapters.store import DiskStore
+from proxy.adapters.writer import BatchWriter
+from proxy.core.records import conv_key
+from proxy.operators import ledger
 from tests.proxyproc import ProxyProcess
 from tests.rawupstream import RawUpstream
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.summarizer import SummaryRejected, accept, build_request, strip_summary_header
+from proxy.core.summarizer import SummaryRejected, accept, build_request, strip_summary_header
 
 GOOD = "The user is fixing parse_invoice() in src/billing/invoice.py; tests pass."
 

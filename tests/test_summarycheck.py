@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from proxy.summarizer import summarize, target_tokens
-from proxy.summarycheck import (
+from proxy.core.summarizer import summarize, target_tokens
+from proxy.core.summarycheck import (
     SummaryRejected,
     accept,
     check,

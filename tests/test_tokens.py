@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import tiktoken.model
 
-from proxy import tokens
-from proxy.modelmap import litellm_package_dir
-from proxy.tokens import TokenCounter, encoding_for_model
+from proxy.core import tokens
+from proxy.core.modelmap import litellm_package_dir
+from proxy.core.tokens import TokenCounter, encoding_for_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,7 @@ import tiktoken.load
 def _no_download(*a, **k):
     raise RuntimeError("tiktoken loader used")
 tiktoken.load.read_file_cached = _no_download
-from proxy.tokens import TokenCounter
+from proxy.core.tokens import TokenCounter
 c = TokenCounter()
 msgs = [{"role": "user", "content": "hello world"}]
 out = {m: [c.count_text("hello world", m), c.count_total(msgs, m)]

@@ -37,13 +37,18 @@ def client(up):
 
 def chat(up, messages, purpose=None, **extra):
     headers = {"x-compaction-purpose": purpose} if purpose else {}
-    return httpx.post(f"{up.base_url}/chat/completions", headers=headers,
-                      json={"model": "m", "messages": messages, **extra}, timeout=10)
+    return httpx.post(
+        f"{up.base_url}/chat/completions",
+        headers=headers,
+        json={"model": "m", "messages": messages, **extra},
+        timeout=10,
+    )
 
 
 def test_non_streaming_reply_and_recording(up, client):
     resp = client.chat.completions.create(
-        model="scripted-large", messages=[{"role": "user", "content": "hello"}])
+        model="scripted-large", messages=[{"role": "user", "content": "hello"}]
+    )
     assert resp.choices[0].message.content.startswith("Acknowledged turn 1. ")
     assert 30 < len(resp.choices[0].message.content.split()) < 60
     assert resp.choices[0].finish_reason == "stop"
@@ -59,7 +64,8 @@ def test_non_streaming_reply_and_recording(up, client):
 def test_streaming_with_usage_chunk(up, client):
     messages = [{"role": "user", "content": "stream please"}]
     stream = client.chat.completions.create(
-        model="m", messages=messages, stream=True, stream_options={"include_usage": True})
+        model="m", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens > 0
@@ -67,8 +73,11 @@ def test_streaming_with_usage_chunk(up, client):
     full = client.chat.completions.create(model="m", messages=messages)
     assert text == full.choices[0].message.content
 
-    raw = httpx.post(f"{up.base_url}/chat/completions", timeout=10,
-                     json={"model": "m", "messages": messages, "stream": True})
+    raw = httpx.post(
+        f"{up.base_url}/chat/completions",
+        timeout=10,
+        json={"model": "m", "messages": messages, "stream": True},
+    )
     assert raw.headers["content-type"].startswith("text/event-stream")
     assert raw.text.endswith("data: [DONE]\n\n")
     assert '"usage"' not in raw.text  # no usage unless include_usage was asked
@@ -95,12 +104,18 @@ def test_tool_call_reply_streaming_and_not(up, client):
 def test_detector_and_summarizer_purposes(up):
     r = chat(up, [{"role": "user", "content": "find a boundary"}], purpose="detector")
     assert r.json()["choices"][0]["message"]["content"] == DEFAULT_DETECTOR_REPLY
-    transcript = ("user: FACT: a is 1. other words here.\nassistant: ok\n"
-                  "user: FACT: b is 2.\nsummary so far: FACT: a is 1.")
-    r = chat(up, [{"role": "system", "content": "summarize"},
-                  {"role": "user", "content": transcript}], purpose="summarizer")
+    transcript = (
+        "user: FACT: a is 1. other words here.\nassistant: ok\n"
+        "user: FACT: b is 2.\nsummary so far: FACT: a is 1."
+    )
+    r = chat(
+        up,
+        [{"role": "system", "content": "summarize"}, {"role": "user", "content": transcript}],
+        purpose="summarizer",
+    )
     assert r.json()["choices"][0]["message"]["content"] == (
-        "user: FACT: a is 1.\nuser: FACT: b is 2.\nsummary so far: FACT: a is 1.")
+        "user: FACT: a is 1.\nuser: FACT: b is 2.\nsummary so far: FACT: a is 1."
+    )
     r = chat(up, [{"role": "user", "content": "no facts " * 40}], purpose="summarizer")
     assert r.json()["choices"][0]["message"]["content"] == ("no facts " * 40)[:200]
     assert len(up.chat_requests("detector")) == 1 and len(up.chat_requests("summarizer")) == 2
@@ -121,15 +136,18 @@ def test_internal_modes(up, mode, expected):
 def test_failure_injection(up, client):
     msgs = [{"role": "user", "content": "x"}]
     with pytest.raises(openai.InternalServerError):
-        client.chat.completions.create(model="m", messages=msgs,
-                                       extra_headers={"x-test-status": "500"})
+        client.chat.completions.create(
+            model="m", messages=msgs, extra_headers={"x-test-status": "500"}
+        )
     with pytest.raises(openai.RateLimitError) as err:
-        client.chat.completions.create(model="m", messages=msgs,
-                                       extra_headers={"x-test-status": "429"})
+        client.chat.completions.create(
+            model="m", messages=msgs, extra_headers={"x-test-status": "429"}
+        )
     assert err.value.body["type"] == "rate_limit_error"
     with pytest.raises(openai.APITimeoutError):
         client.with_options(timeout=0.2).chat.completions.create(
-            model="m", messages=msgs, extra_headers={"x-test-delay": "1"})
+            model="m", messages=msgs, extra_headers={"x-test-delay": "1"}
+        )
     assert len(up.chat_requests()) == 3  # recorded even when the answer is an error/late
 
     up.error_mode = "malformed"
@@ -141,8 +159,13 @@ def test_failure_injection(up, client):
 
 def test_stream_delay(up):
     body = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
-    with httpx.stream("POST", f"{up.base_url}/chat/completions", json=body, timeout=10,
-                      headers={"x-test-stream-delay": "0.05"}) as r:
+    with httpx.stream(
+        "POST",
+        f"{up.base_url}/chat/completions",
+        json=body,
+        timeout=10,
+        headers={"x-test-stream-delay": "0.05"},
+    ) as r:
         events = [line for line in r.iter_lines() if line.startswith("data: ")]
     assert r.elapsed.total_seconds() >= 0.05 * (len(events) - 2)
     assert events[-1] == "data: [DONE]"
@@ -150,7 +173,8 @@ def test_stream_delay(up):
 
 def test_cache_simulation(up, client):
     history = [{"role": "system", "content": "s"}] + [
-        {"role": "user", "content": t} for t in user_turns(12)]
+        {"role": "user", "content": t} for t in user_turns(12)
+    ]
     first = client.chat.completions.create(model="m", messages=history)
     assert first.usage.prompt_tokens > 2000
     assert first.usage.prompt_tokens_details.cached_tokens == 0
@@ -163,7 +187,8 @@ def test_cache_simulation(up, client):
     assert 1024 <= cached <= second.usage.prompt_tokens and cached % 128 == 0
     # a rewritten prefix (what a compaction does) loses the cache
     third = client.chat.completions.create(
-        model="m", messages=[{"role": "system", "content": "other"}] + history[1:])
+        model="m", messages=[{"role": "system", "content": "other"}] + history[1:]
+    )
     assert third.usage.prompt_tokens_details.cached_tokens == 0
     # (a late request of an earlier test may land in the log first)
     assert [c for _, c in up.cached_log][-3:] == [0, cached, 0]
@@ -175,8 +200,12 @@ def test_models_embeddings_echo_slow(up, client):
     assert [len(d.embedding) for d in emb.data] == [8, 8]
     assert emb.data[0].embedding == client.embeddings.create(model="e", input="a").data[0].embedding
     r = httpx.put(f"{up.base_url}/files/abc?purpose=x", content=b"payload", timeout=10)
-    assert r.json() == {"method": "PUT", "path": "/v1/files/abc", "query": "purpose=x",
-                        "body": "payload"}
+    assert r.json() == {
+        "method": "PUT",
+        "path": "/v1/files/abc",
+        "query": "purpose=x",
+        "body": "payload",
+    }
     r = httpx.get(f"{up.base_url}/slow", headers={"x-test-delay": "0.1"}, timeout=10)
     assert r.status_code == 200 and r.elapsed.total_seconds() >= 0.1
 
@@ -185,7 +214,7 @@ def test_user_turns_are_deterministic_and_plant_facts():
     turns = user_turns(40, seed=3)
     assert turns == user_turns(40, seed=3) and turns != user_turns(40, seed=4)
     assert [t.split("\n")[0] for t in turns[: len(FACTS)]] == FACTS
-    assert all("FACT" not in t for t in turns[len(FACTS):])
+    assert all("FACT" not in t for t in turns[len(FACTS) :])
     assert all(("[[tool:" in t) == (i % 4 == 3) for i, t in enumerate(turns))
     spread = user_turns(40, facts_every=5)
     assert [i for i, t in enumerate(spread) if "FACT" in t] == list(range(0, 40, 5))

@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from proxy.aiotransport import httpx_errors
-from proxy.reach import classify
+from proxy.adapters.aiotransport import httpx_errors
+from proxy.adapters.reach import classify
 from tests.proxyproc import ProxyProcess, free_port
 from tests.rawupstream import tcp_server
 

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import orjson
 
-from proxy import ledger
-from proxy.messages import render, transcript
-from proxy.records import conv_key
-from proxy.sse import is_terminal
-from proxy.stability import breakpoints
-from proxy.store import DiskStore, get_list
-from proxy.surfaces import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, join_summary
-from proxy.tokens import TokenCounter
+from proxy.adapters.store import DiskStore, get_list
+from proxy.core.messages import render, transcript
+from proxy.core.records import conv_key
+from proxy.core.stability import breakpoints
+from proxy.core.tokens import TokenCounter
+from proxy.operators import ledger
+from proxy.server.sse import is_terminal
+from proxy.server.surfaces import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, join_summary
 
 SUMMARY = "[History Summary - 4 earlier messages]\n\nWe fixed the parser."
 MARK = {"type": "ephemeral"}
@@ -65,8 +65,8 @@ def test_terminal_events() -> None:
     assert is_terminal(b'event: message_stop\ndata: {"type":"message_stop"}\n\n')
     assert is_terminal(b'data: {"type":"message_stop"}\n\n')
     assert is_terminal(b'event: response.completed\ndata: {"type":"response.completed"}\n\n')
-    assert is_terminal(b'event: response.incomplete\ndata: {}\n\n')
-    assert is_terminal(b'event: response.failed\ndata: {}\n\n')
+    assert is_terminal(b"event: response.incomplete\ndata: {}\n\n")
+    assert is_terminal(b"event: response.failed\ndata: {}\n\n")
     assert not is_terminal(b'data: {"choices":[{"delta":{"content":"[DONE] soon"}}]}\n\n')
     assert not is_terminal(b'event: message_delta\ndata: {"type":"message_delta"}\n\n')
     assert not is_terminal(b'data: {"type":"response.output_text.delta","delta":"x"}\n\n')

@@ -37,7 +37,8 @@ from tests.strict import check_chat, check_messages, check_responses
 PURPOSE_HEADER = "x-compaction-purpose"
 MODEL_IDS = ("scripted-large", "scripted-small")
 DEFAULT_DETECTOR_REPLY = (
-    '{"boundary_index": null, "boundary_reason": "", "confidence": 0.0, "summary": ""}')
+    '{"boundary_index": null, "boundary_reason": "", "confidence": 0.0, "summary": ""}'
+)
 TOOL_MARKER = re.compile(r"\[\[tool:([A-Za-z_][\w.-]*):(.*?)\]\]", re.S)
 CACHE_MIN_TOKENS = 1024  # OpenAI only caches prompts of >= 1024 tokens ...
 CACHE_GRANULE = 128  # ... in increments of 128 tokens.
@@ -89,8 +90,11 @@ def default_reply(request_json: dict) -> dict:
         if match:
             name, args = match.group(1), match.group(2)
             digest = hashlib.sha1(f"{len(messages)}:{name}".encode()).hexdigest()[:12]
-            call = {"id": f"call_{digest}", "type": "function",
-                    "function": {"name": name, "arguments": args}}
+            call = {
+                "id": f"call_{digest}",
+                "type": "function",
+                "function": {"name": name, "arguments": args},
+            }
             return {"role": "assistant", "content": None, "tool_calls": [call]}
     turn = sum(1 for m in messages if m.get("role") == "user")
     return {"role": "assistant", "content": f"Acknowledged turn {turn}. {filler_sentence(turn)}"}
@@ -127,11 +131,21 @@ def common_prefix_len(a: bytes, b: bytes) -> int:
 
 
 def error_body(status: int, message: str | None = None) -> dict:
-    kind = {400: "invalid_request_error", 401: "authentication_error",
-            403: "permission_error", 404: "not_found_error",
-            429: "rate_limit_error"}.get(status, "server_error" if status >= 500 else "api_error")
-    return {"error": {"message": message or f"scripted upstream error {status}",
-                      "type": kind, "code": f"scripted_{status}", "param": None}}
+    kind = {
+        400: "invalid_request_error",
+        401: "authentication_error",
+        403: "permission_error",
+        404: "not_found_error",
+        429: "rate_limit_error",
+    }.get(status, "server_error" if status >= 500 else "api_error")
+    return {
+        "error": {
+            "message": message or f"scripted upstream error {status}",
+            "type": kind,
+            "code": f"scripted_{status}",
+            "param": None,
+        }
+    }
 
 
 class ScriptedUpstream:
@@ -173,18 +187,24 @@ class ScriptedUpstream:
         self._ids = 0
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
-        self.app = Starlette(routes=[
-            Route("/v1/chat/completions", self._wrap(self._chat), methods=["POST"]),
-            Route("/v1/messages", self._wrap(self._messages), methods=["POST"]),
-            Route("/v1/messages/count_tokens", self._wrap(self._count_tokens),
-                  methods=["POST"]),
-            Route("/v1/responses", self._wrap(self._responses), methods=["POST"]),
-            Route("/v1/models", self._wrap(self._models), methods=["GET"]),
-            Route("/v1/embeddings", self._wrap(self._embeddings), methods=["POST"]),
-            Route("/v1/slow", self._wrap(self._slow), methods=["GET"]),
-            Route("/{path:path}", self._wrap(self._echo),
-                  methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
-        ])
+        self.app = Starlette(
+            routes=[
+                Route("/v1/chat/completions", self._wrap(self._chat), methods=["POST"]),
+                Route("/v1/messages", self._wrap(self._messages), methods=["POST"]),
+                Route(
+                    "/v1/messages/count_tokens", self._wrap(self._count_tokens), methods=["POST"]
+                ),
+                Route("/v1/responses", self._wrap(self._responses), methods=["POST"]),
+                Route("/v1/models", self._wrap(self._models), methods=["GET"]),
+                Route("/v1/embeddings", self._wrap(self._embeddings), methods=["POST"]),
+                Route("/v1/slow", self._wrap(self._slow), methods=["GET"]),
+                Route(
+                    "/{path:path}",
+                    self._wrap(self._echo),
+                    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"],
+                ),
+            ]
+        )
 
     # ----------------------------------------------------------------- lifecycle
     @property
@@ -197,11 +217,20 @@ class ScriptedUpstream:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, lifespan="off", log_level="warning",
-                                access_log=False, timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+        )
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name=f"scripted-upstream-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.run,
+            kwargs={"sockets": [sock]},
+            name=f"scripted-upstream-{self.port}",
+            daemon=True,
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -233,8 +262,11 @@ class ScriptedUpstream:
     # ------------------------------------------------------------------- records
     def chat_requests(self, purpose: str | None = None) -> list[Recorded]:
         with self._lock:
-            return [r for r in self.requests
-                    if r.path == "/v1/chat/completions" and r.purpose == purpose]
+            return [
+                r
+                for r in self.requests
+                if r.path == "/v1/chat/completions" and r.purpose == purpose
+            ]
 
     def clear(self) -> None:
         with self._lock:
@@ -259,8 +291,15 @@ class ScriptedUpstream:
             except orjson.JSONDecodeError:
                 parsed = None
             headers = {k.lower(): v for k, v in request.headers.items()}
-            rec = Recorded(request.method, request.url.path, headers, body, parsed,
-                           headers.get(PURPOSE_HEADER), request.url.query)
+            rec = Recorded(
+                request.method,
+                request.url.path,
+                headers,
+                body,
+                parsed,
+                headers.get(PURPOSE_HEADER),
+                request.url.query,
+            )
             with self._lock:
                 self.requests.append(rec)
             delay = _float(headers.get("x-test-delay"))
@@ -273,16 +312,19 @@ class ScriptedUpstream:
 
         return endpoint
 
-    def _rejected(self, rec: Recorded, reason: str | None, anthropic: bool = False
-                  ) -> Response | None:
+    def _rejected(
+        self, rec: Recorded, reason: str | None, anthropic: bool = False
+    ) -> Response | None:
         """The provider's 400 for what it would reject, recorded; None when acceptable."""
         if not self.strict or reason is None:
             return None
         with self._lock:
             self.rejections.append({"path": rec.path, "purpose": rec.purpose, "reason": reason})
         if anthropic:
-            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
-                                                            "message": reason}}, status_code=400)
+            return JSONResponse(
+                {"type": "error", "error": {"type": "invalid_request_error", "message": reason}},
+                status_code=400,
+            )
         return JSONResponse(error_body(400, reason), status_code=400)
 
     async def _sleep(self, seconds: float) -> None:
@@ -333,8 +375,11 @@ class ScriptedUpstream:
             cached = 0
         else:
             if self.error_mode == "malformed":
-                return Response(b"<html>upstream hiccup, definitely not json", status_code=200,
-                                media_type="application/json")
+                return Response(
+                    b"<html>upstream hiccup, definitely not json",
+                    status_code=200,
+                    media_type="application/json",
+                )
             message = self.reply(body)
             cached = None  # computed below once prompt_tokens is known
         prompt_tokens = self.count_tokens(messages)
@@ -343,63 +388,102 @@ class ScriptedUpstream:
             with self._lock:
                 self.cached_log.append((prompt_tokens, cached))
         completion_tokens = max(1, self.count_tokens([message]))
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                 "total_tokens": prompt_tokens + completion_tokens,
-                 "prompt_tokens_details": {"cached_tokens": cached}}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
         finish = "tool_calls" if message.get("tool_calls") else "stop"
         model = body.get("model") or MODEL_IDS[0]
         if body.get("stream"):
             include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
             delay = _float(rec.headers.get("x-test-stream-delay"))
-            chunks = _stream_chunks(self._next_id(), model, message, finish,
-                                    usage if include_usage else None)
+            chunks = _stream_chunks(
+                self._next_id(), model, message, finish, usage if include_usage else None
+            )
             # x-test-close-delay: keep the connection open that long after [DONE].
             linger = _float(rec.headers.get("x-test-close-delay"))
-            return StreamingResponse(_sse(chunks, delay, linger, self._sleep),
-                                     media_type="text/event-stream")
-        return JSONResponse({
-            "id": self._next_id(), "object": "chat.completion", "created": int(time.time()),
-            "model": model, "system_fingerprint": "fp_scripted",
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": finish}],
-            "usage": usage,
-        })
+            return StreamingResponse(
+                _sse(chunks, delay, linger, self._sleep), media_type="text/event-stream"
+            )
+        return JSONResponse(
+            {
+                "id": self._next_id(),
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "system_fingerprint": "fp_scripted",
+                "choices": [
+                    {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+                ],
+                "usage": usage,
+            }
+        )
 
     async def _messages(self, request: Request, rec: Recorded) -> Response:
         """Anthropic's Messages API, scripted like the chat route (same reply rules)."""
         body = rec.json
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
-                                 "message": "messages: Field required"}}, status_code=400)
+            return JSONResponse(
+                {
+                    "type": "error",
+                    "error": {
+                        "type": "invalid_request_error",
+                        "message": "messages: Field required",
+                    },
+                },
+                status_code=400,
+            )
         reason = check_messages(body, alternation=self.alternation)
         if (rejected := self._rejected(rec, reason, anthropic=True)) is not None:
             return rejected
-        as_openai = [{"role": m.get("role"), "content": m.get("content")}
-                     for m in body["messages"]]
+        as_openai = [{"role": m.get("role"), "content": m.get("content")} for m in body["messages"]]
         reply = self.reply({"messages": as_openai})
         blocks: list[dict] = []
         if reply.get("reasoning"):
-            blocks.append({"type": "thinking", "thinking": reply["reasoning"],
-                           "signature": opaque_blob(f"{len(self.requests)}:{reply['reasoning']}")})
+            blocks.append(
+                {
+                    "type": "thinking",
+                    "thinking": reply["reasoning"],
+                    "signature": opaque_blob(f"{len(self.requests)}:{reply['reasoning']}"),
+                }
+            )
         if reply.get("content"):
             blocks.append({"type": "text", "text": reply["content"]})
         for call in reply.get("tool_calls") or []:
-            blocks.append({"type": "tool_use", "id": "toolu_" + call["id"][5:],
-                           "name": call["function"]["name"],
-                           "input": orjson.loads(call["function"]["arguments"] or "{}")})
-        counted = ([{"role": "system", "content": body["system"]}] if body.get("system")
-                   else []) + body["messages"]
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": "toolu_" + call["id"][5:],
+                    "name": call["function"]["name"],
+                    "input": orjson.loads(call["function"]["arguments"] or "{}"),
+                }
+            )
+        counted = (
+            [{"role": "system", "content": body["system"]}] if body.get("system") else []
+        ) + body["messages"]
         prompt_tokens = self.count_tokens(counted)
         cached = self._cached_tokens(counted, prompt_tokens)
         with self._lock:
             self.cached_log.append((prompt_tokens, cached))
-        usage = {"input_tokens": prompt_tokens - cached, "cache_read_input_tokens": cached,
-                 "cache_creation_input_tokens": 0,
-                 "output_tokens": max(1, self.count_tokens([reply]))}
+        usage = {
+            "input_tokens": prompt_tokens - cached,
+            "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0,
+            "output_tokens": max(1, self.count_tokens([reply])),
+        }
         stop = "tool_use" if reply.get("tool_calls") else "end_turn"
-        message = {"id": self._next_id().replace("chatcmpl", "msg"), "type": "message",
-                   "role": "assistant", "model": body.get("model"), "content": blocks,
-                   "stop_reason": stop, "stop_sequence": None, "usage": usage}
+        message = {
+            "id": self._next_id().replace("chatcmpl", "msg"),
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model"),
+            "content": blocks,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": usage,
+        }
         if not body.get("stream"):
             return JSONResponse(message)
         return StreamingResponse(_anthropic_sse(message), media_type="text/event-stream")
@@ -408,10 +492,19 @@ class ScriptedUpstream:
         """Anthropic's /v1/messages/count_tokens, counted like the prompt of a request."""
         body = rec.json if isinstance(rec.json, dict) else {}
         if not isinstance(body.get("messages"), list):
-            return JSONResponse({"type": "error", "error": {"type": "invalid_request_error",
-                                 "message": "messages: Field required"}}, status_code=400)
-        counted = ([{"role": "system", "content": body["system"]}] if body.get("system")
-                   else []) + body["messages"]
+            return JSONResponse(
+                {
+                    "type": "error",
+                    "error": {
+                        "type": "invalid_request_error",
+                        "message": "messages: Field required",
+                    },
+                },
+                status_code=400,
+            )
+        counted = (
+            [{"role": "system", "content": body["system"]}] if body.get("system") else []
+        ) + body["messages"]
         return JSONResponse({"input_tokens": self.count_tokens(counted)})
 
     async def _responses(self, request: Request, rec: Recorded) -> Response:
@@ -435,41 +528,79 @@ class ScriptedUpstream:
         n = self._next_id()[-6:]
         output: list[dict] = []
         if reply.get("reasoning"):
-            output.append(reasoning_item(n, reply["reasoning"], "reasoning.encrypted_content"
-                                         in (body.get("include") or [])))
+            output.append(
+                reasoning_item(
+                    n,
+                    reply["reasoning"],
+                    "reasoning.encrypted_content" in (body.get("include") or []),
+                )
+            )
         if reply.get("content"):
-            output.append({"type": "message", "id": f"msg_{n}", "status": "completed",
-                           "role": "assistant", "content": [
-                               {"type": "output_text", "text": reply["content"],
-                                "annotations": []}]})
+            output.append(
+                {
+                    "type": "message",
+                    "id": f"msg_{n}",
+                    "status": "completed",
+                    "role": "assistant",
+                    "content": [
+                        {"type": "output_text", "text": reply["content"], "annotations": []}
+                    ],
+                }
+            )
         for i, call in enumerate(reply.get("tool_calls") or []):
-            output.append({"type": "function_call", "id": f"fc_{n}_{i}", "call_id": call["id"],
-                           "name": call["function"]["name"],
-                           "arguments": call["function"]["arguments"], "status": "completed"})
-        counted = ([{"role": "system", "content": body["instructions"]}]
-                   if body.get("instructions") else []) + items
+            output.append(
+                {
+                    "type": "function_call",
+                    "id": f"fc_{n}_{i}",
+                    "call_id": call["id"],
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"],
+                    "status": "completed",
+                }
+            )
+        counted = (
+            [{"role": "system", "content": body["instructions"]}]
+            if body.get("instructions")
+            else []
+        ) + items
         prompt_tokens = self.count_tokens(counted)
         cached = self._cached_tokens(counted, prompt_tokens)
         with self._lock:
             self.cached_log.append((prompt_tokens, cached))
         completion = max(1, self.count_tokens([reply]))
-        response = {"id": f"resp_{n}", "object": "response", "created_at": int(time.time()),
-                    "status": "completed", "model": body.get("model"), "output": output,
-                    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [],
-                    "usage": {"input_tokens": prompt_tokens,
-                              "input_tokens_details": {"cached_tokens": cached},
-                              "output_tokens": completion,
-                              "output_tokens_details": {"reasoning_tokens": 0},
-                              "total_tokens": prompt_tokens + completion}}
+        response = {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": int(time.time()),
+            "status": "completed",
+            "model": body.get("model"),
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": prompt_tokens,
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": completion,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt_tokens + completion,
+            },
+        }
         if not body.get("stream"):
             return JSONResponse(response)
 
         return StreamingResponse(_responses_sse(response), media_type="text/event-stream")
 
     async def _models(self, request: Request, rec: Recorded) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": m, "object": "model", "created": 1700000000, "owned_by": "scripted"}
-            for m in MODEL_IDS]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 1700000000, "owned_by": "scripted"}
+                    for m in MODEL_IDS
+                ],
+            }
+        )
 
     async def _embeddings(self, request: Request, rec: Recorded) -> Response:
         body = rec.json if isinstance(rec.json, dict) else {}
@@ -486,16 +617,27 @@ class ScriptedUpstream:
                 emb = base64.b64encode(struct.pack("<8f", *vec)).decode()
             data.append({"object": "embedding", "index": i, "embedding": emb})
         tokens = sum(len(orjson.dumps(x)) // 4 for x in inputs)
-        return JSONResponse({"object": "list", "data": data,
-                             "model": body.get("model") or MODEL_IDS[0],
-                             "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model") or MODEL_IDS[0],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
 
     async def _slow(self, request: Request, rec: Recorded) -> Response:
         return JSONResponse({"slow": True, "delay": _float(rec.headers.get("x-test-delay"))})
 
     async def _echo(self, request: Request, rec: Recorded) -> Response:
-        return JSONResponse({"method": rec.method, "path": rec.path, "query": rec.query,
-                             "body": rec.body.decode("utf-8", "replace")})
+        return JSONResponse(
+            {
+                "method": rec.method,
+                "path": rec.path,
+                "query": rec.query,
+                "body": rec.body.decode("utf-8", "replace"),
+            }
+        )
 
 
 def _float(value: str | None) -> float:
@@ -505,16 +647,23 @@ def _float(value: str | None) -> float:
         return 0.0
 
 
-def _stream_chunks(cid: str, model: str, message: dict, finish: str,
-                   usage: dict | None) -> list[dict]:
+def _stream_chunks(
+    cid: str, model: str, message: dict, finish: str, usage: dict | None
+) -> list[dict]:
     """OpenAI-shaped chat.completion.chunk objects for one assistant message."""
     created = int(time.time())
 
     def chunk(delta: dict, finish_reason: str | None = None) -> dict:
-        out = {"id": cid, "object": "chat.completion.chunk", "created": created,
-               "model": model, "system_fingerprint": "fp_scripted",
-               "choices": [{"index": 0, "delta": delta, "logprobs": None,
-                            "finish_reason": finish_reason}]}
+        out = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": "fp_scripted",
+            "choices": [
+                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            ],
+        }
         if usage is not None:
             out["usage"] = None  # OpenAI sends an explicit null until the final chunk
         return out
@@ -522,17 +671,29 @@ def _stream_chunks(cid: str, model: str, message: dict, finish: str,
     chunks = [chunk({"role": "assistant", "content": ""})]
     for i, call in enumerate(message.get("tool_calls") or []):
         fn = call["function"]
-        chunks.append(chunk({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                             "function": {"name": fn["name"],
-                                                          "arguments": ""}}]}))
+        chunks.append(
+            chunk(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": call["id"],
+                            "type": "function",
+                            "function": {"name": fn["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
         args = fn.get("arguments") or ""
         for j in range(0, len(args), 16):
-            chunks.append(chunk({"tool_calls": [{"index": i,
-                                                 "function": {"arguments": args[j:j + 16]}}]}))
+            chunks.append(
+                chunk({"tool_calls": [{"index": i, "function": {"arguments": args[j : j + 16]}}]})
+            )
     content = message.get("content") or ""
     pieces = re.findall(r"\S+\s*|\s+", content)
     for j in range(0, len(pieces), 4):
-        chunks.append(chunk({"content": "".join(pieces[j:j + 4])}))
+        chunks.append(chunk({"content": "".join(pieces[j : j + 4])}))
     chunks.append(chunk({}, finish))
     if usage is not None:
         final = chunk({})
@@ -546,40 +707,81 @@ async def _anthropic_sse(message: dict):
         return b"event: " + name.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
 
     usage = message["usage"]
-    start = {**message, "content": [], "stop_reason": None,
-             "usage": {**usage, "output_tokens": 1}}
+    start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
     yield event("message_start", {"type": "message_start", "message": start})
     for i, block in enumerate(message["content"]):
         if block["type"] == "text":
-            yield event("content_block_start", {"type": "content_block_start", "index": i,
-                                                "content_block": {"type": "text", "text": ""}})
+            yield event(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": i,
+                    "content_block": {"type": "text", "text": ""},
+                },
+            )
             for piece in re.findall(r"\S+\s*", block["text"]):
-                yield event("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                    "delta": {"type": "text_delta",
-                                                              "text": piece}})
+                yield event(
+                    "content_block_delta",
+                    {
+                        "type": "content_block_delta",
+                        "index": i,
+                        "delta": {"type": "text_delta", "text": piece},
+                    },
+                )
         elif block["type"] == "thinking":
-            yield event("content_block_start", {"type": "content_block_start", "index": i,
-                                                "content_block": {"type": "thinking",
-                                                                  "thinking": "",
-                                                                  "signature": ""}})
-            yield event("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                "delta": {"type": "thinking_delta",
-                                                          "thinking": block["thinking"]}})
-            yield event("content_block_delta", {"type": "content_block_delta", "index": i,
-                                                "delta": {"type": "signature_delta",
-                                                          "signature": block["signature"]}})
+            yield event(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": i,
+                    "content_block": {"type": "thinking", "thinking": "", "signature": ""},
+                },
+            )
+            yield event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": i,
+                    "delta": {"type": "thinking_delta", "thinking": block["thinking"]},
+                },
+            )
+            yield event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": i,
+                    "delta": {"type": "signature_delta", "signature": block["signature"]},
+                },
+            )
         else:
-            yield event("content_block_start", {"type": "content_block_start", "index": i,
-                                                "content_block": {**block, "input": {}}})
-            yield event("content_block_delta", {
-                "type": "content_block_delta", "index": i,
-                "delta": {"type": "input_json_delta",
-                          "partial_json": orjson.dumps(block["input"]).decode()}})
+            yield event(
+                "content_block_start",
+                {
+                    "type": "content_block_start",
+                    "index": i,
+                    "content_block": {**block, "input": {}},
+                },
+            )
+            yield event(
+                "content_block_delta",
+                {
+                    "type": "content_block_delta",
+                    "index": i,
+                    "delta": {
+                        "type": "input_json_delta",
+                        "partial_json": orjson.dumps(block["input"]).decode(),
+                    },
+                },
+            )
         yield event("content_block_stop", {"type": "content_block_stop", "index": i})
-    yield event("message_delta", {"type": "message_delta",
-                                  "delta": {"stop_reason": message["stop_reason"],
-                                            "stop_sequence": None},
-                                  "usage": {"output_tokens": usage["output_tokens"]}})
+    yield event(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": message["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": usage["output_tokens"]},
+        },
+    )
     yield event("message_stop", {"type": "message_stop"})
 
 
@@ -592,8 +794,11 @@ def opaque_blob(text: str) -> str:
 
 def reasoning_item(n: str, text: str, encrypted: bool) -> dict:
     """A Responses API reasoning output item (the summary is what the user may see)."""
-    item = {"type": "reasoning", "id": f"rs_{n}", "summary": [
-        {"type": "summary_text", "text": text}]}
+    item = {
+        "type": "reasoning",
+        "id": f"rs_{n}",
+        "summary": [{"type": "summary_text", "text": text}],
+    }
     if encrypted:
         item["encrypted_content"] = opaque_blob(f"{n}:{text}")
     return item
@@ -615,30 +820,62 @@ async def _responses_sse(response: dict):
     yield event({"type": "response.in_progress", "response": started})
     for i, item in enumerate(response["output"]):
         if item["type"] == "message":
-            yield event({"type": "response.output_item.added", "output_index": i,
-                         "item": {**item, "status": "in_progress", "content": []}})
+            yield event(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": i,
+                    "item": {**item, "status": "in_progress", "content": []},
+                }
+            )
             for j, part in enumerate(item["content"]):
                 where = {"item_id": item["id"], "output_index": i, "content_index": j}
-                yield event({"type": "response.content_part.added", **where,
-                             "part": {**part, "text": ""}})
+                yield event(
+                    {"type": "response.content_part.added", **where, "part": {**part, "text": ""}}
+                )
                 for piece in re.findall(r"\S+\s*|\s+", part["text"]):
-                    yield event({"type": "response.output_text.delta", **where,
-                                 "delta": piece, "logprobs": []})
-                yield event({"type": "response.output_text.done", **where,
-                             "text": part["text"], "logprobs": []})
+                    yield event(
+                        {
+                            "type": "response.output_text.delta",
+                            **where,
+                            "delta": piece,
+                            "logprobs": [],
+                        }
+                    )
+                yield event(
+                    {
+                        "type": "response.output_text.done",
+                        **where,
+                        "text": part["text"],
+                        "logprobs": [],
+                    }
+                )
                 yield event({"type": "response.content_part.done", **where, "part": part})
         elif item["type"] == "function_call":
-            yield event({"type": "response.output_item.added", "output_index": i,
-                         "item": {**item, "status": "in_progress", "arguments": ""}})
-            yield event({"type": "response.function_call_arguments.delta",
-                         "item_id": item["id"], "output_index": i,
-                         "delta": item["arguments"]})
-            yield event({"type": "response.function_call_arguments.done",
-                         "item_id": item["id"], "output_index": i,
-                         "arguments": item["arguments"]})
+            yield event(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": i,
+                    "item": {**item, "status": "in_progress", "arguments": ""},
+                }
+            )
+            yield event(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    "item_id": item["id"],
+                    "output_index": i,
+                    "delta": item["arguments"],
+                }
+            )
+            yield event(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": item["id"],
+                    "output_index": i,
+                    "arguments": item["arguments"],
+                }
+            )
         else:
-            yield event({"type": "response.output_item.added", "output_index": i,
-                         "item": item})
+            yield event({"type": "response.output_item.added", "output_index": i, "item": item})
         yield event({"type": "response.output_item.done", "output_index": i, "item": item})
     yield event({"type": "response.completed", "response": response})
 

@@ -1,0 +1,1 @@
+"""Adapters: the store (diskcache, Redis), the LLM client, the upstream forwarder."""

@@ -1,0 +1,194 @@
+"""Forwarding to the upstream over one pooled httpx client (the only place httpx is imported
+for the request path). Exceptions from the wire are mapped once, here, to our tree."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+from collections.abc import AsyncIterator, Iterable, Mapping
+from urllib.parse import unquote
+
+import httpx
+
+from proxy.adapters.aiotransport import AiohttpTransport
+from proxy.adapters.reach import classify, safe_url
+from proxy.config import Upstream
+from proxy.core.errors import BadRequest, UpstreamTimeout, UpstreamUnavailable, UpstreamUnreachable
+
+log = logging.getLogger("compaction_proxy.forward")
+
+# RFC 9110 §7.6.1 hop-by-hop headers, plus ones httpx or the server recompute.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+# Our own request controls: they steer the proxy and are not the upstream's business. Any
+# ``x-compaction-*`` header goes too: ``x-compaction-purpose`` marks the proxy's own calls,
+# and a client must not be able to pass for them.
+OWN_REQUEST_HEADERS = frozenset({"x-compaction", "x-conversation-id"})
+OWN_PREFIX = "x-compaction-"
+# What a client says about itself or the path it came by: the upstream hears about the
+# proxy's hop from the proxy (if at all), never a client's claim; and the dashboard's session
+# cookie (or any other) is nobody's business upstream.
+CLIENT_CLAIMS = frozenset({"forwarded", "via", "cookie", "x-real-ip"})
+CLAIM_PREFIX = "x-forwarded-"
+# Every header a provider reads a key from: all replaced when a key is configured.
+CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
+
+
+def make_client(
+    upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """One pooled HTTP/1.1 client for the proxy's lifetime; its wire is aiohttp's pool
+    (``proxy.aiotransport``) or httpx's own, per ``upstream.transport`` (a ``transport``
+    passed in, as tests do, wins)."""
+    timeout = httpx.Timeout(upstream.timeout_s, connect=upstream.connect_timeout_s)
+    limits = httpx.Limits(
+        max_connections=upstream.max_connections,
+        max_keepalive_connections=min(upstream.max_connections, 128),
+        keepalive_expiry=30,
+    )
+    if transport is None and upstream.transport == "aiohttp":
+        transport = AiohttpTransport(limits)
+    return httpx.AsyncClient(
+        timeout=timeout, limits=limits, transport=transport, http2=False, trust_env=False
+    )
+
+
+@functools.lru_cache(maxsize=256)  # pure; the chat routes ask the same every request
+def upstream_url(base_url: str, path: str, query: str) -> str:
+    """Map ``/v1/<rest>`` on the proxy to ``<base_url>/<rest>`` upstream.
+
+    ``path`` is the path as the client sent it (still percent-encoded, ASGI ``raw_path``):
+    a dot segment (``..``, ``%2e%2e``, ``..%2f``) could climb out of the base's path once
+    the upstream decodes it, so it is refused with a 400 (``check_path``), and the final URL
+    is checked to lie under the base.
+    """
+    rest = path[3:] if path.startswith("/v1") else path
+    check_path(rest)
+    base = httpx.URL(base_url.rstrip("/"))
+    url = base_url.rstrip("/") + rest
+    target = httpx.URL(url)
+    # httpx removes dot segments as it parses: whatever it sends must be exactly the base's
+    # path plus the client's, on the base's host.
+    expected = base.raw_path.rstrip(b"/") + rest.encode()
+    if target.raw_path != expected or target.netloc != base.netloc:
+        raise BadRequest("request path does not map to a path under the upstream base URL")
+    return f"{url}?{query}" if query else url
+
+
+def check_path(path: str) -> None:
+    """Refuse a path that could climb out of the base (``BadRequest``).
+
+    Encoded slashes stay allowed as data (the official clients send ``org%2Fmodel`` for a
+    model named ``org/model``) and are relayed encoded; but the path is also read as a server
+    that decodes them would read it - every percent-decoding, ``/`` and ``\\`` as separators -
+    and a ``.`` or ``..`` segment in any reading is refused.
+    """
+    if any(ord(c) < 0x21 or ord(c) > 0x7E for c in path):
+        raise BadRequest("request path must be percent-encoded ASCII")
+    reading = path
+    for _ in range(3):  # as sent, decoded once, decoded twice
+        for segment in reading.replace("\\", "/").split("/"):
+            if segment in (".", ".."):
+                raise BadRequest("request path must not contain dot segments ('.' or '..')")
+        decoded = unquote(reading)
+        if decoded == reading:
+            break
+        reading = decoded
+
+
+def request_headers(
+    client_headers: Iterable[tuple[bytes, bytes]],
+    api_key: str | None,
+    *,
+    drop: frozenset[str] = frozenset(),
+    key_header: str = "authorization",
+) -> httpx.Headers:
+    """What goes upstream of the client's headers (ASGI raw bytes): not hop-by-hop ones or
+    those the ``Connection`` header names, not our own controls, not the client's claims
+    about its route or its cookies; with a configured key, none of the client's credentials
+    but the key, as ``Authorization: Bearer`` or (Anthropic's API) ``x-api-key``.
+
+    Values are relayed as the bytes the client sent: a header that is not ASCII is never
+    decoded and re-encoded (which is where a 500 came from).
+    """
+    pairs = [(name.lower(), value) for name, value in client_headers]
+    named = {
+        token.strip().decode("latin-1")
+        for name, value in pairs
+        if name == b"connection"
+        for token in value.lower().split(b",")
+    }
+    out: list[tuple[bytes, bytes]] = []
+    for raw_name, value in pairs:
+        name = raw_name.decode("latin-1")
+        if (
+            name in HOP_BY_HOP
+            or name in named
+            or name in OWN_REQUEST_HEADERS
+            or name.startswith(OWN_PREFIX)
+            or name in CLIENT_CLAIMS
+            or name.startswith(CLAIM_PREFIX)
+            or name in drop
+            or (api_key and name in CREDENTIAL_HEADERS)
+        ):
+            continue
+        out.append((raw_name, value))
+    headers = httpx.Headers(out)
+    if api_key:
+        headers[key_header] = api_key if key_header == "x-api-key" else f"Bearer {api_key}"
+    return headers
+
+
+def response_headers(
+    headers: Mapping[str, str] | httpx.Headers, *, drop: frozenset[str] = frozenset()
+) -> dict[str, str]:
+    """Upstream response headers minus hop-by-hop ones (and any named in ``drop``)."""
+    return {
+        k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() not in drop
+    }
+
+
+@contextlib.asynccontextmanager
+async def mapped_errors(deadline_s: float | None = None) -> AsyncIterator[None]:
+    """Translate httpx's exceptions to ``UpstreamTimeout`` / ``UpstreamUnavailable`` /
+    ``UpstreamUnreachable``; each wire error names the upstream URL (without credentials).
+
+    ``deadline_s`` bounds the whole block (httpx's read timeout bounds each read only, so an
+    upstream dripping bytes would never time out a non-streaming request).
+    """
+    try:
+        async with asyncio.timeout(deadline_s):
+            yield
+    except TimeoutError as exc:
+        raise UpstreamTimeout(f"upstream did not answer within {deadline_s or 0:g} s") from exc
+    except httpx.HTTPError as exc:
+        url = _url_of(exc)
+        found = classify(exc, url)
+        if isinstance(exc, httpx.TimeoutException):
+            raise UpstreamTimeout(
+                f"upstream {safe_url(url)} timed out ({type(exc).__name__})"
+            ) from exc
+        kind = UpstreamUnreachable if found.permanent else UpstreamUnavailable
+        raise kind(f"upstream {safe_url(url)} unreachable: {found.reason}") from exc
+
+
+def _url_of(exc: httpx.HTTPError) -> str:
+    try:
+        return str(exc.request.url)
+    except RuntimeError:  # an error raised without a request attached
+        return "<unknown url>"

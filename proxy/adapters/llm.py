@@ -1,0 +1,181 @@
+"""The LLM client the detector and summarizer use (DESIGN §5).
+
+OpenAI-compatible over httpx to the configured upstream by default, with the client's own
+credential unless a key is configured; through ``litellm.acompletion`` when the model names
+another provider (``anthropic/...``). It never raises anything but ``CompactionFailed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+import orjson
+
+from proxy.adapters.reach import classify, safe_url
+from proxy.core.errors import CompactionFailed
+from proxy.core.messages import Message
+
+log = logging.getLogger("compaction_proxy.llm")
+
+# Provider prefixes that the plain OpenAI-compatible path serves itself.
+# LiteLLM provider prefixes whose APIs are not OpenAI-compatible chat completions at the
+# configured upstream. Any other name, slashes included (``meta-llama/Llama-3.1-8B`` on vLLM,
+# a llama.cpp model path), is the upstream's own model name and goes there over HTTP.
+_LITELLM_PROVIDERS = frozenset(
+    "anthropic bedrock bedrock_converse vertex_ai vertex_ai_beta gemini cohere cohere_chat "
+    "mistral groq together_ai fireworks_ai deepseek xai perplexity ollama ollama_chat azure "
+    "azure_ai openrouter replicate huggingface sagemaker databricks watsonx cerebras nvidia_nim "
+    "deepinfra cloudflare ai21 dashscope moonshot".split()
+)
+
+
+@dataclass(frozen=True)
+class LLMReply:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+
+
+class LLM(Protocol):
+    async def complete(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        purpose: str,
+        credential: str | None,
+    ) -> LLMReply: ...
+
+
+def _needs_litellm(model: str) -> bool:
+    provider, slash, _ = model.partition("/")
+    return bool(slash) and provider in _LITELLM_PROVIDERS
+
+
+def reply_from(body: dict[str, Any], model: str) -> LLMReply:
+    """An ``LLMReply`` from an OpenAI-shaped completion body, or ``CompactionFailed``."""
+    try:
+        choice = body["choices"][0]
+        message = choice.get("message") or {}
+        text = message.get("content")
+        usage = body.get("usage") or {}
+        return LLMReply(
+            text=text if isinstance(text, str) else "",
+            finish_reason=choice.get("finish_reason"),
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            model=model,
+        )
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
+        raise CompactionFailed(f"malformed completion: {exc}") from exc
+
+
+class HttpLLM:
+    """Chat completions over the proxy's pooled httpx client."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        relay_credential: bool = True,
+    ) -> None:
+        """``relay_credential=False``: never send the client's key (a separate compaction
+        endpoint must not receive keys meant for the upstream); only ``api_key``, if any."""
+        self._client = client
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._api_key = api_key
+        self._timeout = timeout_s
+        self._relay_credential = relay_credential
+
+    async def complete(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        *,
+        max_tokens: int,
+        purpose: str,
+        credential: str | None,
+    ) -> LLMReply:
+        """One completion within ``timeout_s`` overall: httpx's timeouts bound each read,
+        so a server dripping a byte at a time would otherwise hold the call for ever."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await self._complete(model, messages, max_tokens, purpose, credential)
+        except TimeoutError as exc:
+            raise CompactionFailed(f"{purpose} timed out after {self._timeout:g} s") from exc
+
+    async def _complete(
+        self,
+        model: str,
+        messages: Sequence[Message],
+        max_tokens: int,
+        purpose: str,
+        credential: str | None,
+    ) -> LLMReply:
+        if _needs_litellm(model):
+            return await _litellm_complete(model, messages, max_tokens, self._timeout)
+        headers = {"content-type": "application/json", "x-compaction-purpose": purpose}
+        key = self._api_key or (credential if self._relay_credential else None)
+        if key:
+            headers["authorization"] = key if key.lower().startswith("bearer ") else f"Bearer {key}"
+        payload = {
+            "model": model.removeprefix("openai/"),
+            "messages": list(messages),
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "stream": False,
+        }
+        try:
+            response = await self._client.post(
+                self._url, content=orjson.dumps(payload), headers=headers, timeout=self._timeout
+            )
+        except httpx.TimeoutException as exc:
+            raise CompactionFailed(f"{purpose} timed out") from exc
+        except httpx.HTTPError as exc:
+            reason = classify(exc, self._url).reason
+            raise CompactionFailed(
+                f"{purpose}: {safe_url(self._url)} unreachable: {reason}"
+            ) from exc
+        if response.status_code != 200:
+            raise CompactionFailed(f"{purpose} upstream status {response.status_code}")
+        try:
+            body = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise CompactionFailed(f"{purpose} reply is not JSON") from exc
+        if not isinstance(body, dict):
+            raise CompactionFailed(f"{purpose} reply is not an object")
+        return reply_from(body, model)
+
+
+async def _litellm_complete(
+    model: str, messages: Sequence[Message], max_tokens: int, timeout: float
+) -> LLMReply:
+    # Importing litellm fetches its model map from the internet unless told not to; the
+    # proxy makes no network calls but to the upstream (and here, the named provider).
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    try:
+        import litellm
+
+        response = await litellm.acompletion(
+            model=model,
+            messages=list(messages),
+            max_tokens=max_tokens,
+            temperature=0,
+            timeout=timeout,
+        )
+        body = response.model_dump() if hasattr(response, "model_dump") else dict(response)
+    except Exception as exc:  # litellm raises many provider-specific types
+        raise CompactionFailed(f"litellm call failed: {type(exc).__name__}") from exc
+    return reply_from(body, model)

@@ -1,0 +1,285 @@
+"""State: a small key-value interface with a diskcache backend and a Redis backend (DESIGN §7).
+
+Values are JSON (orjson) so a store can be read by any version of the proxy and a corrupt
+value is a miss, never a crash. No API keys are ever written here: tenants are hashes.
+
+Behaviour every backend guarantees:
+- ``get`` returns None for a missing, expired or unreadable value; it never raises
+  ``StoreError`` for a bad value, only when the backend itself is unavailable.
+- ``set`` with ``ttl`` (seconds) expires the value; ``add`` sets only if absent, atomically
+  across processes (and replicas with Redis) - it is the lock primitive.
+- ``incr`` is an atomic add of a number; ``append`` an atomic list append that keeps the
+  newest ``max_items``.
+- A full disk or a lost connection raises ``StoreError``; callers fail open on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+from urllib.parse import urlparse
+
+import orjson
+
+from proxy.core.errors import StoreError
+
+log = logging.getLogger("compaction_proxy.store")
+
+
+class Store(Protocol):
+    # Whether a read may wait on the network (Redis) rather than a local file: the request
+    # path then reads from a worker thread; otherwise inline, which measured cheaper.
+    reads_block: bool
+
+    def get(self, key: str) -> Any: ...
+    def set(self, key: str, value: Any, ttl: float | None = None) -> None: ...
+    def add(self, key: str, value: Any, ttl: float | None = None) -> bool: ...
+    def delete(self, key: str) -> None: ...
+    def incr(self, key: str, delta: float = 1, ttl: float | None = None) -> float: ...
+    def append(
+        self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000
+    ) -> None: ...
+    def extend(
+        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
+    ) -> None: ...
+    def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any: ...
+    def keys(self, prefix: str) -> Iterator[str]: ...
+    def close(self) -> None: ...
+
+
+def _dump(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def _load(raw: Any) -> Any:
+    if raw is None:
+        return None
+    try:
+        return orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError):
+        return None
+
+
+class DiskStore:
+    """The embedded default: diskcache in a private folder, safe across worker processes.
+
+    diskcache serialises writers through SQLite; ``transact`` makes read-modify-write atomic
+    across processes. Every call is synchronous and short (tens of microseconds).
+    """
+
+    # SQLite in WAL mode: a read never waits for a writer, and takes tens of microseconds -
+    # less than handing it to a thread and back (measured: bench/, docs/benchmarks.md).
+    reads_block = False
+
+    def __init__(self, directory: str | os.PathLike[str], size_limit: int = 2**32) -> None:
+        import diskcache
+
+        path = Path(directory).expanduser()
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(path, 0o700)  # private to the user even if the folder already existed
+        self.path = path
+        self._errors: tuple[type[BaseException], ...] = (OSError,)
+        try:
+            import sqlite3
+
+            self._errors = (OSError, sqlite3.Error)
+            self._cache = diskcache.Cache(
+                str(path), size_limit=size_limit, eviction_policy="least-recently-stored"
+            )
+        except self._errors as exc:
+            raise StoreError(f"cannot open store at {path}: {exc}") from exc
+        for name in os.listdir(path):
+            if name.startswith("cache.db"):
+                os.chmod(path / name, 0o600)
+
+    def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except self._errors as exc:
+            raise StoreError(f"store unavailable: {exc}") from exc
+
+    def get(self, key: str) -> Any:
+        return _load(self._guard(self._cache.get, key))
+
+    def set(self, key: str, value: Any, ttl: float | None = None) -> None:
+        self._guard(self._cache.set, key, _dump(value), expire=ttl)
+
+    def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
+        return bool(self._guard(self._cache.add, key, _dump(value), expire=ttl))
+
+    def delete(self, key: str) -> None:
+        self._guard(self._cache.delete, key)
+
+    def incr(self, key: str, delta: float = 1, ttl: float | None = None) -> float:
+        def run() -> float:
+            with self._cache.transact():
+                current = _load(self._cache.get(key)) or 0
+                value = (current if isinstance(current, int | float) else 0) + delta
+                self._cache.set(key, _dump(value), expire=ttl)
+                return value
+
+        return float(self._guard(run))
+
+    def append(self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000) -> None:
+        self.extend(key, [item], ttl, max_items)
+
+    def extend(
+        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
+    ) -> None:
+        """Atomic append of several items (one transaction), keeping the newest ``max_items``."""
+
+        def run() -> None:
+            with self._cache.transact():
+                current = _load(self._cache.get(key))
+                current = current if isinstance(current, list) else []
+                current.extend(items)
+                self._cache.set(key, _dump(current[-max_items:]), expire=ttl)
+
+        self._guard(run)
+
+    def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any:
+        """Atomic read-modify-write: ``fn(old or None) -> new``, under one transaction."""
+
+        def run() -> Any:
+            with self._cache.transact():
+                value = fn(_load(self._cache.get(key)))
+                self._cache.set(key, _dump(value), expire=ttl)
+                return value
+
+        return self._guard(run)
+
+    def keys(self, prefix: str) -> Iterator[str]:
+        for key in self._guard(list, self._cache.iterkeys()):
+            if isinstance(key, str) and key.startswith(prefix):
+                yield key
+
+    def close(self) -> None:
+        self._cache.close()
+
+
+class RedisStore:
+    """Redis backend for several replicas; the same guarantees as ``DiskStore``."""
+
+    reads_block = True
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self._errors = (redis.RedisError, OSError)
+
+    def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except self._errors as exc:
+            raise StoreError(f"store unavailable: {exc}") from exc
+
+    @staticmethod
+    def _px(ttl: float | None) -> int | None:
+        return int(ttl * 1000) if ttl else None
+
+    def get(self, key: str) -> Any:
+        return _load(self._guard(self._redis.get, key))
+
+    def set(self, key: str, value: Any, ttl: float | None = None) -> None:
+        self._guard(self._redis.set, key, _dump(value), px=self._px(ttl))
+
+    def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
+        return bool(self._guard(self._redis.set, key, _dump(value), px=self._px(ttl), nx=True))
+
+    def delete(self, key: str) -> None:
+        self._guard(self._redis.delete, key)
+
+    def incr(self, key: str, delta: float = 1, ttl: float | None = None) -> float:
+        # INCRBYFLOAT stores a plain number, which _load reads back as JSON.
+        value = float(self._guard(self._redis.incrbyfloat, key, delta))
+        if ttl:
+            self._guard(self._redis.pexpire, key, int(ttl * 1000))
+        return value
+
+    def append(self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000) -> None:
+        self.extend(key, [item], ttl, max_items)
+
+    def extend(
+        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
+    ) -> None:
+        if not items:
+            return
+        list_key = key + ":list"
+        pipe = self._redis.pipeline()
+        pipe.rpush(list_key, *[_dump(item) for item in items])
+        pipe.ltrim(list_key, -max_items, -1)
+        if ttl:
+            pipe.pexpire(list_key, int(ttl * 1000))
+        self._guard(pipe.execute)
+
+    def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any:
+        """Atomic read-modify-write with WATCH/MULTI, retried on a concurrent change."""
+        import redis
+
+        def run() -> Any:
+            with self._redis.pipeline() as pipe:
+                while True:
+                    try:
+                        pipe.watch(key)
+                        value = fn(_load(pipe.get(key)))
+                        pipe.multi()
+                        pipe.set(key, _dump(value), px=self._px(ttl))
+                        pipe.execute()
+                        return value
+                    except redis.WatchError:
+                        continue
+
+        return self._guard(run)
+
+    def get_list(self, key: str) -> list[Any]:
+        raw = self._guard(self._redis.lrange, key + ":list", 0, -1)
+        return [v for v in (_load(r) for r in raw) if v is not None]
+
+    def keys(self, prefix: str) -> Iterator[str]:
+        for key in self._guard(list, self._redis.scan_iter(match=prefix + "*", count=500)):
+            name = key.decode() if isinstance(key, bytes) else key
+            yield name[: -len(":list")] if name.endswith(":list") else name
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+def get_list(store: Store, key: str) -> list[Any]:
+    """The items ``append`` wrote under ``key`` (backends keep lists differently)."""
+    if isinstance(store, RedisStore):
+        return store.get_list(key)
+    items = store.get(key)
+    return items if isinstance(items, list) else []
+
+
+def open_store(url: str) -> Store:
+    """``diskcache://PATH`` (default backend) or ``redis://HOST:PORT/DB``."""
+    parsed = urlparse(url)
+    if parsed.scheme == "diskcache":
+        raw = url[len("diskcache://") :]
+        path = Path(os.path.expanduser(raw or "~/.cache/compaction-proxy"))
+        try:
+            return DiskStore(path)
+        except StoreError as exc:
+            if not path.is_dir():
+                raise
+            # A corrupt database: keep it aside for inspection and start an empty store,
+            # rather than refusing to serve traffic.
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            path.rename(aside)
+            log.error(
+                "store is corrupt; moved aside", extra={"path": str(aside), "error": str(exc)}
+            )
+            return DiskStore(path)
+    if parsed.scheme in ("redis", "rediss", "unix"):
+        return RedisStore(url)
+    raise ValueError(f"store.url: unsupported scheme {parsed.scheme!r} (diskcache:// or redis://)")
+
+
+def now() -> float:
+    return time.time()

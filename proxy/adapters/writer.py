@@ -1,0 +1,92 @@
+"""Batched writes after the response: the ledger and other latest-value state.
+
+Writing the ledger one request at a time cost several SQLite transactions per request
+(milliseconds at a time, on the worker threads the request path also uses). The writer
+collects entries and flushes them every ``interval_s`` in one thread hop: one update per
+conversation, hour and the totals. Readers in this process (the admin API) call ``flush``
+first, so they see every request; other processes see them within ``interval_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from proxy.adapters.store import Store
+from proxy.core.errors import StoreError
+from proxy.operators import ledger
+
+log = logging.getLogger("compaction_proxy.writer")
+
+
+class BatchWriter:
+    """Collects ledger entries and latest values; flushes them in the background."""
+
+    def __init__(self, store: Store, retention_s: float | None, interval_s: float = 0.2) -> None:
+        self._store = store
+        self._retention = retention_s
+        self._interval = interval_s
+        self._entries: list[tuple[ledger.RequestEntry, list[dict[str, Any]] | None]] = []
+        self._latest: dict[str, tuple[Any, float | None]] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    def record(self, entry: ledger.RequestEntry, original: list[dict[str, Any]] | None) -> None:
+        """Queue one request for the ledger (never blocks)."""
+        self._entries.append((entry, original))
+        self._wake()
+
+    def put(self, key: str, value: Any, ttl: float | None) -> None:
+        """Queue ``store.set(key, value, ttl)``; only the newest value per key is written.
+
+        ``value`` may be a function of no arguments (of immutable data): it is called in the
+        writer's thread, so building a big value never holds up the event loop."""
+        self._latest[key] = (value, ttl)
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while self._entries or self._latest:
+            await asyncio.sleep(self._interval)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write everything queued so far; failures are logged and dropped (fail open)."""
+        async with self._lock:
+            entries, self._entries = self._entries, []
+            latest, self._latest = self._latest, {}
+            if not entries and not latest:
+                return
+            try:
+                await asyncio.to_thread(self._write, entries, latest)
+            except StoreError as exc:
+                log.warning("ledger write failed", extra={"error": str(exc), "n": len(entries)})
+            except Exception:
+                log.exception("ledger write crashed")
+
+    def _write(
+        self,
+        entries: list[tuple[ledger.RequestEntry, list[dict[str, Any]] | None]],
+        latest: dict[str, tuple[Any, float | None]],
+    ) -> None:
+        for key, (value, ttl) in latest.items():
+            try:
+                self._store.set(key, value() if callable(value) else value, ttl)
+            except StoreError:
+                raise
+            except Exception as exc:  # one value that cannot be written costs only itself
+                log.warning("state not stored", extra={"key": key, "error": str(exc)})
+        if entries:
+            # record_batch writes each conversation on its own: an entry whose values cannot
+            # be written costs only its own conversation's rows, never the batch's others.
+            ledger.record_batch(self._store, entries, self._retention)
+
+    async def close(self) -> None:
+        """Flush what is left; the background task ends once nothing is queued."""
+        await self.flush()
+        if self._task is not None:
+            await self._task

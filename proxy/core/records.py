@@ -1,0 +1,153 @@
+"""Compaction records, checkpoints and substitution (DESIGN §4). Pure: data in, data out.
+
+A record says "the exact prefix h[k] may be forwarded as R". The client keeps sending its
+full history; the proxy forwards ``R + m[k:]`` for the largest k whose h[k] has a record. An
+edit anywhere in the first k messages changes h[k], so a stale record can never be applied.
+
+R is a list of entries (``prefix``): an integer i forwards the client's own ``m[i]`` in place
+(head, pinned messages, rounds kept verbatim), a message forwards stored bytes (a summary, a
+pruned tool result, a pin stripped of tool results). Stored bytes never change, so the
+forwarded prefix stays byte-stable until the next record. Records written before ``prefix``
+existed (head + summary) are still read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from proxy.core.messages import Message
+
+MAX_CHECKPOINTS = 64
+
+Entry = int | Message  # an original index forwarded in place, or a stored message
+
+
+def conv_key(kind: str, tenant: str, conversation: str) -> str:
+    """Every per-conversation key is namespaced by tenant: tenants never share state."""
+    return f"{kind}:{tenant}:{conversation}"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    k: int
+    prefix_hash: str
+
+
+@dataclass(frozen=True)
+class CompactionRecord:
+    """What replaces the original prefix ``m[:k]``: ``prefix`` when set, else head + summary."""
+
+    k: int
+    prefix_hash: str
+    head_len: int
+    summary: Message | None
+    case: str
+    covered: int
+    created_at: float
+    tokens_before: int = 0
+    tokens_after: int = 0
+    boundary_reason: str = ""
+    confidence: float = 0.0
+    facts_kept: list[str] = field(default_factory=list)
+    facts_dropped: list[str] = field(default_factory=list)
+    facts_appended: list[str] = field(default_factory=list)
+    facts_elsewhere: list[str] = field(default_factory=list)  # in the head, pins or verbatim
+    duration_s: float = 0.0
+    model: str = ""
+    llm_tokens: int = 0
+    llm_usd: float = 0.0
+    prefix: list[Entry] | None = None
+    pruned: list[str] = field(default_factory=list)  # what pruning cleared (placeholders)
+    pinned: list[str] = field(default_factory=list)  # pins kept in place, and why
+    unpinned: list[str] = field(default_factory=list)  # pins too large: handled as content
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> CompactionRecord | None:
+        """A record from stored JSON, or None when it is not a well-formed record."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            record = cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        except TypeError:
+            return None
+        summary = record.summary
+        if not isinstance(record.k, int) or not isinstance(record.head_len, int):
+            return None
+        if summary is not None and not (
+            isinstance(summary, dict) and isinstance(summary.get("content"), str)
+        ):
+            return None
+        if record.prefix is not None and not _valid_prefix(record.prefix, record.k):
+            return None
+        return record
+
+
+def _valid_prefix(prefix: Any, k: int) -> bool:
+    if not isinstance(prefix, list):
+        return False
+    for entry in prefix:
+        if isinstance(entry, bool):
+            return False
+        if isinstance(entry, int):
+            if not 0 <= entry < k:
+                return False
+        elif not (isinstance(entry, dict) and isinstance(entry.get("role"), str)):
+            return False
+    return True
+
+
+def entries(record: CompactionRecord) -> list[Entry]:
+    """The record's forwarded prefix as entries (legacy records: head indices + summary)."""
+    if record.prefix is not None:
+        return list(record.prefix)
+    out: list[Entry] = list(range(record.head_len))
+    if record.summary is not None:
+        out.append(record.summary)
+    return out
+
+
+def parse_checkpoints(raw: Any) -> list[Checkpoint]:
+    out = []
+    if isinstance(raw, list):
+        for item in raw:
+            if isinstance(item, dict) and isinstance(item.get("k"), int):
+                h = item.get("h")
+                if isinstance(h, str):
+                    out.append(Checkpoint(item["k"], h))
+    return out
+
+
+def find_checkpoint(checkpoints: Sequence[Checkpoint], chain: Sequence[bytes]) -> Checkpoint | None:
+    """The checkpoint with the largest k whose hash equals ``chain[k]`` exactly."""
+    best: Checkpoint | None = None
+    for cp in checkpoints:
+        if 0 < cp.k < len(chain) and chain[cp.k].hex() == cp.prefix_hash:
+            if best is None or cp.k > best.k:
+                best = cp
+    return best
+
+
+def substitute(messages: Sequence[Message], record: CompactionRecord) -> list[Message]:
+    """``R + m[k:]``: the client's own bytes for index entries, stored bytes for the rest."""
+    out = [messages[e] if isinstance(e, int) else e for e in entries(record)]
+    return out + list(messages[record.k :])
+
+
+def origins(record: CompactionRecord | None, n: int) -> list[int | None]:
+    """For each forwarded position, the original index it forwards (None: stored bytes)."""
+    if record is None:
+        return list(range(n))
+    out: list[int | None] = [e if isinstance(e, int) else None for e in entries(record)]
+    return out + list(range(record.k, n))
+
+
+def body_start(record: CompactionRecord | None) -> int:
+    """Index in the forwarded list where the original messages ``m[k:]`` begin."""
+    if record is None:
+        return 0
+    return len(entries(record))

@@ -1,0 +1,174 @@
+"""Cache stability: which parts of the forwarded prompt stay put, and where cache marks go.
+
+Pure (DESIGN §6). Providers cache exact prefixes, so the tracker counts for each item of the
+forwarded prompt (``system``, ``summary``, ``history:<fp>``) how many consecutive requests it
+stayed unchanged in place, and promotes long-stable items to tiers L1-L3. For providers with
+explicit breakpoints (Anthropic ``cache_control``, at most 4 per request) marks go at tier
+ends. After a compaction every ``history:*`` item is purged and re-registers at N = 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.core.messages import Message
+
+MAX_BREAKPOINTS = 4
+EPHEMERAL = {"type": "ephemeral"}
+
+
+@dataclass(frozen=True)
+class TierThresholds:
+    """Consecutive unchanged requests needed for tiers L1, L2 and L3."""
+
+    l1: int = 1
+    l2: int = 3
+    l3: int = 10
+
+    def tier(self, n: int) -> int:
+        return 3 if n >= self.l3 else 2 if n >= self.l2 else 1 if n >= self.l1 else 0
+
+
+@dataclass(frozen=True)
+class StabilityState:
+    """The tracker for one conversation: the items in order with their counts."""
+
+    record: str | None
+    items: tuple[tuple[str, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"record": self.record, "items": [list(i) for i in self.items]}
+
+    @classmethod
+    def from_json(cls, data: Any) -> StabilityState | None:
+        if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+            return None
+        items = []
+        for item in data["items"]:
+            if (
+                isinstance(item, list)
+                and len(item) == 2
+                and isinstance(item[0], str)
+                and isinstance(item[1], int)
+            ):
+                items.append((item[0], item[1]))
+        record = data.get("record")
+        return cls(record if isinstance(record, str) else None, tuple(items))
+
+
+def prompt_items(fps: Sequence[bytes], head_len: int, summary_index: int | None) -> list[str]:
+    """Item ids of a forwarded prompt, given each message's fingerprint."""
+    items = []
+    for i, fp in enumerate(fps):
+        kind = "system" if i < head_len else "summary" if i == summary_index else "history"
+        items.append(f"{kind}:{fp.hex()[:16]}")
+    return items
+
+
+def observe(
+    previous: StabilityState | None, items: Sequence[str], record: str | None
+) -> StabilityState:
+    """The tracker after one more request: an item unchanged in place, with everything
+    before it unchanged too, counts one more; any other item restarts at 0.
+
+    A different record than last time means a compaction happened: every ``history:*`` item
+    is purged first, so it registers afresh at N = 0.
+    """
+    old = list(previous.items) if previous else []
+    if previous is not None and previous.record != record:
+        old = [(item, n) if not item.startswith("history:") else ("", 0) for item, n in old]
+    counted = []
+    intact = True  # a provider cache is a prefix: after the first change nothing is reused
+    for i, item in enumerate(items):
+        intact = intact and i < len(old) and old[i][0] == item
+        counted.append((item, old[i][1] + 1 if intact else 0))
+    return StabilityState(record, tuple(counted))
+
+
+def tiers(state: StabilityState, thresholds: TierThresholds) -> list[int]:
+    return [thresholds.tier(n) for _, n in state.items]
+
+
+def _run_end(
+    levels: Sequence[int], start: int, minimum: int, markable: Sequence[bool]
+) -> int | None:
+    """The last markable index of the unbroken run from ``start`` with tier >= ``minimum``."""
+    end = None
+    for i in range(start, len(levels)):
+        if levels[i] < minimum:
+            break
+        if markable[i]:
+            end = i
+    return end
+
+
+def markable(message: Message) -> bool:
+    """Whether a mark can go on this message (it needs text content to carry it)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return bool(content)
+    return isinstance(content, list) and bool(content) and isinstance(content[-1], dict)
+
+
+def breakpoints(
+    levels: Sequence[int],
+    head_len: int,
+    summary_index: int | None,
+    can_mark: Sequence[bool] | None = None,
+    limit: int = MAX_BREAKPOINTS,
+) -> list[int]:
+    """Message indices to mark: the head's end, the summary, and the ends of stable runs.
+
+    ``can_mark[i]`` says whether message i can carry a mark (a tool-call turn with no text
+    cannot); a run's mark goes on its last message that can. At most ``limit`` marks (the
+    provider's 4 minus the client's own marks elsewhere in the request).
+    """
+    can_mark = can_mark if can_mark is not None else [True] * len(levels)
+    marks: list[int] = []
+    if head_len:
+        marks.append(head_len - 1)
+    body = head_len
+    if summary_index is not None:
+        marks.append(summary_index)
+        body = summary_index + 1
+    for minimum in (2, 1):
+        end = _run_end(levels, body, minimum, can_mark)
+        if end is not None:
+            marks.append(end)
+    unique = sorted(set(marks))
+    # Never more than the limit: keep the latest ones, which cover the longest prefixes.
+    limit = max(0, min(limit, MAX_BREAKPOINTS))
+    return unique[-limit:] if limit else []
+
+
+def has_cache_marks(messages: Sequence[Message]) -> bool:
+    """Whether the client placed any ``cache_control`` of its own."""
+    for m in messages:
+        if "cache_control" in m:
+            return True
+        content = m.get("content")
+        if isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and "cache_control" in part:
+                    return True
+    return False
+
+
+def with_marks(messages: Sequence[Message], indices: Sequence[int]) -> list[Message]:
+    """Copies of the marked messages with ``cache_control`` on their last content part."""
+    out = list(messages)
+    for i in indices:
+        if not markable(out[i]):
+            continue
+        message = dict(out[i])
+        content = message.get("content")
+        if isinstance(content, str):
+            message["content"] = [{"type": "text", "text": content, "cache_control": EPHEMERAL}]
+        elif isinstance(content, list):
+            parts = list(content)
+            parts[-1] = {**parts[-1], "cache_control": EPHEMERAL}
+            message["content"] = parts
+        out[i] = message
+    return out

@@ -1,0 +1,1 @@
+"""The engine: runs the core's compaction flow against the adapters."""

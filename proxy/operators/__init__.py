@@ -1,0 +1,1 @@
+"""The operators' side: ledger, metrics, admin API, dashboard, stats CLI."""

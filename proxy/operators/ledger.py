@@ -1,0 +1,418 @@
+"""The ledger: what each request sent, forwarded and cost, kept per conversation and in total.
+
+It is written after the response (never on the hot path) and read by the stats API, the
+dashboard and ``compaction-proxy stats``. Numbers here and in /metrics are counted the same
+way: the proxy's own token counts of the original and forwarded histories.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from proxy.adapters.store import Store, get_list
+from proxy.core import costs
+from proxy.core.errors import StoreError
+from proxy.core.modelmap import model_info
+from proxy.core.records import conv_key
+
+log = logging.getLogger("compaction_proxy.ledger")
+
+if TYPE_CHECKING:  # the compactor imports this module
+    from proxy.engine.compactor import Prepared
+
+TOTALS_KEY = "totals"
+
+
+@dataclass(frozen=True)
+class RequestEntry:
+    """One forwarded request, as recorded."""
+
+    ts: float
+    tenant: str
+    conversation: str
+    model: str
+    route: str
+    case: str
+    status: int
+    original_messages: int
+    forwarded_messages: int
+    original_tokens: int
+    forwarded_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    cache_write_tokens: int
+    completion_tokens: int
+    latency_s: float
+    overhead_s: float
+    record: str | None = None  # prefix hash of the compaction in effect, if any
+    # Shadow mode: the upstream got the original; ``forwarded_*`` is what it would have got.
+    shadow: bool = False
+    # The id the session had on its first request, before its first reply (see
+    # fingerprint.conversation_id): that request's row joins this one.
+    earlier_conversation: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        prepared: Prepared,
+        *,
+        route: str,
+        status: int,
+        usage: Any,
+        latency_s: float,
+        overhead_s: float,
+    ) -> RequestEntry:
+        """The entry for one prepared request and the upstream's usage (any API's shape)."""
+        prompt, cached, write, completion = usage_numbers(usage)
+        return cls(
+            ts=time.time(),
+            tenant=prepared.tenant,
+            conversation=prepared.conversation,
+            model=prepared.model,
+            route=route,
+            case=prepared.case,
+            status=status,
+            original_messages=len(prepared.original),
+            forwarded_messages=len(prepared.forwarded),
+            original_tokens=prepared.original_tokens,
+            forwarded_tokens=prepared.forwarded_tokens,
+            prompt_tokens=prompt,
+            cached_tokens=cached,
+            cache_write_tokens=write,
+            completion_tokens=completion,
+            latency_s=round(latency_s, 4),
+            overhead_s=round(overhead_s, 6),
+            record=prepared.record.prefix_hash if prepared.record else None,
+            shadow=prepared.shadow,
+            earlier_conversation=prepared.earlier_conversation,
+        )
+
+    @property
+    def saved_tokens(self) -> int:
+        """Tokens really saved (none in shadow mode: see ``would_save_tokens``)."""
+        return 0 if self.shadow else self.would_save_tokens
+
+    @property
+    def would_save_tokens(self) -> int:
+        return max(self.original_tokens - self.forwarded_tokens, 0)
+
+    @property
+    def sent_tokens(self) -> int:
+        """What really went upstream (the original in shadow mode)."""
+        return self.original_tokens if self.shadow else self.forwarded_tokens
+
+    def saved_usd(self) -> float:
+        return self.saved_tokens * _input_price(self.model)
+
+    def would_save_usd(self) -> float:
+        return self.would_save_tokens * _input_price(self.model)
+
+
+def _input_price(model: str) -> float:
+    info = model_info(model)
+    return info.input_cost_per_token if info and info.input_cost_per_token else 0.0
+
+
+def usage_numbers(usage: Any) -> tuple[int, int, int, int]:
+    """(prompt, cached read, cache write, completion) tokens from OpenAI or Anthropic usage."""
+    if not isinstance(usage, dict):
+        return 0, 0, 0, 0
+
+    def num(value: Any) -> int:
+        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    cached = num(details.get("cached_tokens") if isinstance(details, dict) else 0)
+    cached = cached or num(usage.get("cache_read_input_tokens"))
+    write = num(usage.get("cache_creation_input_tokens"))
+    if "prompt_tokens" in usage:
+        prompt = num(usage.get("prompt_tokens"))
+    elif "input_tokens_details" in usage:
+        prompt = num(usage.get("input_tokens"))  # OpenAI Responses: cached tokens included
+    else:
+        # Anthropic's input_tokens leaves out what was read from or written to the cache.
+        prompt = num(usage.get("input_tokens")) + cached + write
+    completion = num(usage.get("completion_tokens", usage.get("output_tokens")))
+    return prompt, cached, write, completion
+
+
+_MAX_COMPACTIONS_TRACKED = 64
+CLIENT_CLOSED = 499  # the status a stream the client abandoned is recorded with
+
+
+def _add_saving(meta: dict[str, Any], saving: costs.RequestSaving) -> None:
+    meta["cache_tokens_lost"] = meta.get("cache_tokens_lost", 0) + saving.cache_tokens_lost
+    meta["actual_usd"] = meta.get("actual_usd", 0.0) + saving.actual_usd
+    meta["counterfactual_usd"] = meta.get("counterfactual_usd", 0.0) + saving.counterfactual_usd
+
+
+def net_usd(meta: dict[str, Any]) -> float:
+    """Dollars saved net of cache misses, cache writes and detector/summarizer calls."""
+    return (
+        meta.get("counterfactual_usd", 0.0) - meta.get("actual_usd", 0.0) - meta.get("llm_usd", 0.0)
+    )
+
+
+def _add(totals: dict[str, Any], entry: RequestEntry) -> dict[str, Any]:
+    totals["requests"] = totals.get("requests", 0) + 1
+    totals["original_tokens"] = totals.get("original_tokens", 0) + entry.original_tokens
+    totals["forwarded_tokens"] = totals.get("forwarded_tokens", 0) + entry.sent_tokens
+    totals["saved_tokens"] = totals.get("saved_tokens", 0) + entry.saved_tokens
+    totals["saved_usd"] = totals.get("saved_usd", 0.0) + entry.saved_usd()
+    if entry.shadow:
+        shadow = totals.setdefault("shadow", {})
+        shadow["requests"] = shadow.get("requests", 0) + 1
+        shadow["original_tokens"] = shadow.get("original_tokens", 0) + entry.original_tokens
+        shadow["forwarded_tokens"] = shadow.get("forwarded_tokens", 0) + entry.forwarded_tokens
+        shadow["saved_tokens"] = shadow.get("saved_tokens", 0) + entry.would_save_tokens
+        shadow["saved_usd"] = shadow.get("saved_usd", 0.0) + entry.would_save_usd()
+    if entry.case in ("opt-out", "client-compaction"):
+        key = "client_compactions" if entry.case == "client-compaction" else "opted_out"
+        totals[key] = totals.get(key, 0) + 1
+    totals["prompt_tokens"] = totals.get("prompt_tokens", 0) + entry.prompt_tokens
+    totals["cached_tokens"] = totals.get("cached_tokens", 0) + entry.cached_tokens
+    totals["cache_write_tokens"] = totals.get("cache_write_tokens", 0) + entry.cache_write_tokens
+    totals["completion_tokens"] = totals.get("completion_tokens", 0) + entry.completion_tokens
+    if entry.status == CLIENT_CLOSED:
+        # The client went away mid-stream (often on purpose: a user pressing stop); counted
+        # apart so "errors" means requests that failed.
+        totals["cancelled"] = totals.get("cancelled", 0) + 1
+    elif entry.status >= 400:
+        totals["errors"] = totals.get("errors", 0) + 1
+    if not costs.prices_for(entry.model).known:
+        # Dollars for these requests are unknown, not zero: the dashboard says "n/a".
+        totals["unpriced_requests"] = totals.get("unpriced_requests", 0) + 1
+    return totals
+
+
+def record_request(
+    store: Store,
+    entry: RequestEntry,
+    original: list[dict[str, Any]] | None,
+    retention_s: float | None,
+) -> None:
+    """Write one request to the conversation, the totals and the hourly series (sync)."""
+    record_batch(store, [(entry, original)], retention_s)
+
+
+def _conv_apply(
+    meta: Any,
+    entry: RequestEntry,
+    saving: list[costs.RequestSaving],
+    shadow_saving: list[costs.RequestSaving],
+) -> dict[str, Any]:
+    meta = meta if isinstance(meta, dict) else {"first_seen": entry.ts}
+    if entry.status < 400 and entry.shadow:
+        shadow_saving.append(_shadow_saving(meta, entry))
+    elif entry.status < 400:
+        found = costs.request_saving(
+            costs.prices_for(entry.model),
+            original_tokens=entry.original_tokens,
+            forwarded_tokens=entry.forwarded_tokens,
+            previous_original_tokens=meta.get("last_original_tokens", 0),
+            cached=entry.cached_tokens,
+            written=entry.cache_write_tokens,
+        )
+        saving.append(found)
+        _add_saving(meta, found)
+        meta["last_original_tokens"] = entry.original_tokens
+        if entry.record:
+            per = meta.setdefault("by_compaction", {}).setdefault(entry.record, {})
+            per["requests"] = per.get("requests", 0) + 1
+            per["gross_tokens"] = per.get("gross_tokens", 0) + found.gross_tokens
+            _add_saving(per, found)
+    meta.update(
+        tenant=entry.tenant,
+        conversation=entry.conversation,
+        model=entry.model,
+        last_seen=entry.ts,
+        last_case=entry.case,
+        messages=entry.original_messages,
+    )
+    return _add(meta, entry)
+
+
+def _shadow_saving(meta: dict[str, Any], entry: RequestEntry) -> costs.RequestSaving:
+    """What compaction would have saved on this request, net of the cache effects the cost
+    model predicts: the would-be prefix is read from cache while its compaction stays the
+    same, and misses once after each new one (the upstream's own cache figures describe the
+    original request, so they cannot be used)."""
+    shadow = meta.setdefault("shadow", {})
+    same = shadow.get("last_record") == entry.record
+    previous = shadow.get("last_forwarded_tokens", 0) if same else 0
+    found = costs.request_saving(
+        costs.prices_for(entry.model),
+        original_tokens=entry.original_tokens,
+        forwarded_tokens=entry.forwarded_tokens,
+        previous_original_tokens=meta.get("last_original_tokens", 0),
+        cached=min(costs.cacheable(previous), entry.forwarded_tokens),
+    )
+    _add_saving(shadow, found)  # the token sums are added with the others (``_add``)
+    shadow["last_record"] = entry.record
+    shadow["last_forwarded_tokens"] = entry.forwarded_tokens
+    meta["last_original_tokens"] = entry.original_tokens
+    return found
+
+
+def record_batch(
+    store: Store,
+    batch: list[tuple[RequestEntry, list[dict[str, Any]] | None]],
+    retention_s: float | None,
+) -> None:
+    """Write many requests with one store update per conversation, hour and the totals.
+
+    Entries are applied in order; for each conversation only the newest original history is
+    kept (the operator's "what the client last sent").
+    """
+    by_conv: dict[tuple[str, str], list[tuple[RequestEntry, Any]]] = {}
+    for entry, original in batch:
+        by_conv.setdefault((entry.tenant, entry.conversation), []).append((entry, original))
+    savings: list[costs.RequestSaving] = []
+    shadow_savings: list[costs.RequestSaving] = []
+    for (tenant, conversation), items in by_conv.items():
+        earlier = items[0][0].earlier_conversation
+
+        def conv_update(meta: Any, items: list[tuple[RequestEntry, Any]] = items) -> Any:
+            for entry, _ in items:
+                meta = _conv_apply(meta, entry, savings, shadow_savings)
+            return meta
+
+        try:
+            if earlier:
+                _adopt(store, tenant, earlier, conversation, retention_s)
+            store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
+            store.extend(
+                conv_key("req", tenant, conversation),
+                [e.__dict__ | {"saved_tokens": e.saved_tokens} for e, _ in items],
+                retention_s,
+                500,
+            )
+        except StoreError:
+            raise
+        except Exception:  # one conversation's bad values never cost the others theirs
+            log.exception("ledger entry not written", extra={"conversation": conversation})
+        # The newest history that can be written (one nested too deep for the encoder is
+        # skipped, never the reason nothing is stored).
+        for _, original in reversed(items):
+            if original is None:
+                continue
+            try:
+                store.set(conv_key("orig", tenant, conversation), original, retention_s)
+                break
+            except StoreError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "original history not stored",
+                    extra={"conversation": conversation, "error": str(exc)},
+                )
+
+    def totals_update(totals: Any) -> dict[str, Any]:
+        totals = totals if isinstance(totals, dict) else {}
+        for entry, _ in batch:
+            totals = _add(totals, entry)
+        for saving in savings:
+            _add_saving(totals, saving)
+        for saving in shadow_savings:
+            _add_saving(totals.setdefault("shadow", {}), saving)
+        return totals
+
+    store.update(TOTALS_KEY, totals_update, None)
+    hours: dict[str, list[RequestEntry]] = {}
+    for entry, _ in batch:
+        hours.setdefault(time.strftime("%Y%m%d%H", time.gmtime(entry.ts)), []).append(entry)
+    for hour, entries in hours.items():
+
+        def hour_update(t: Any, hour: str = hour, entries: list[RequestEntry] = entries) -> Any:
+            t = t if isinstance(t, dict) else {"hour": hour}
+            for entry in entries:
+                t = _add(t, entry)
+            return t
+
+        store.update(f"hour:{hour}", hour_update, retention_s)
+
+
+def _adopt(
+    store: Store, tenant: str, earlier: str, conversation: str, retention_s: float | None
+) -> None:
+    """A session's first request was recorded under the id it had before its first reply:
+    when its second request names the session for the first time, that row becomes this
+    session's (one dashboard row per session). Sessions whose first requests were identical
+    share that first row; the first of them to continue takes it."""
+    current = store.get(conv_key("conv", tenant, conversation))
+    if isinstance(current, dict) and current.get("requests"):
+        return  # this session's row exists already
+    old = store.get(conv_key("conv", tenant, earlier))
+    if not isinstance(old, dict):
+        return
+
+    def merge(meta: Any) -> dict[str, Any]:
+        # A compaction may have been charged to the new id before its first request landed.
+        merged = {**old, "conversation": conversation}
+        for key, value in (meta if isinstance(meta, dict) else {}).items():
+            before = merged.get(key)
+            if isinstance(value, int | float) and isinstance(before, int | float):
+                merged[key] = before + value
+            elif isinstance(value, dict) and isinstance(before, dict):
+                merged[key] = {**before, **value}
+            else:
+                merged[key] = value
+        return merged
+
+    store.update(conv_key("conv", tenant, conversation), merge, retention_s)
+    for kind, limit in (("req", 500), ("ev", 500)):
+        items = get_list(store, conv_key(kind, tenant, earlier))
+        if items:
+            if kind == "req":
+                items = [{**i, "conversation": conversation} for i in items]
+            store.extend(conv_key(kind, tenant, conversation), items, retention_s, limit)
+    # The row goes (its lists expire with their retention).
+    for kind in ("conv", "orig"):
+        store.delete(conv_key(kind, tenant, earlier))
+
+
+def count_client_compaction(store: Store) -> None:
+    """One compaction the client ran itself through a route the proxy only relays
+    (``/v1/responses/compact``): counted for the dashboard, nothing else is kept."""
+
+    def bump(totals: Any) -> dict[str, Any]:
+        totals = totals if isinstance(totals, dict) else {}
+        totals["client_compactions"] = totals.get("client_compactions", 0) + 1
+        return totals
+
+    store.update(TOTALS_KEY, bump, None)
+
+
+def record_compaction(
+    store: Store,
+    tenant: str,
+    conversation: str,
+    *,
+    record: str,
+    case: str,
+    llm_tokens: int,
+    llm_usd: float,
+    retention_s: float | None,
+) -> None:
+    """Charge a compaction's detector/summarizer spend to its conversation and the totals."""
+
+    def charge(meta: Any, per_conversation: bool) -> dict[str, Any]:
+        meta = meta if isinstance(meta, dict) else {}
+        meta["compactions"] = meta.get("compactions", 0) + 1
+        meta["llm_tokens"] = meta.get("llm_tokens", 0) + llm_tokens
+        meta["llm_usd"] = meta.get("llm_usd", 0.0) + llm_usd
+        by_case = meta.setdefault("compactions_by_case", {})
+        by_case[case] = by_case.get(case, 0) + 1
+        if per_conversation:
+            tracked = meta.setdefault("by_compaction", {})
+            per = tracked.setdefault(record, {})
+            per.update(case=case, llm_tokens=llm_tokens, llm_usd=llm_usd)
+            while len(tracked) > _MAX_COMPACTIONS_TRACKED:
+                tracked.pop(next(iter(tracked)))
+        return meta
+
+    store.update(conv_key("conv", tenant, conversation), lambda m: charge(m, True), retention_s)
+    store.update(TOTALS_KEY, lambda m: charge(m, False), None)

@@ -1,0 +1,312 @@
+"""Prometheus metrics (DESIGN §8): one ``Metrics`` object per app, owned by its lifespan.
+
+Each app gets its own ``CollectorRegistry`` (never the global one), so building two apps in
+one process never raises "Duplicated timeseries".
+
+Several worker processes (``serve --workers N``) each count their own requests. To expose
+one correct total, start the proxy with ``PROMETHEUS_MULTIPROC_DIR`` set to an empty folder
+private to this proxy: every worker then writes its counters to files there and /metrics sums
+them all (prometheus-client's multiprocess mode). The variable must be set before the
+workers start (it is read when prometheus-client is imported); wipe the folder between runs.
+Without it, /metrics shows the counts of whichever worker answered the scrape.
+
+Token numbers are counted exactly as the ledger counts them (the proxy's own count of the
+original and forwarded histories of every request it prepared), so /metrics and the stats API
+agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    values,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from proxy.core.modelmap import model_info
+
+log = logging.getLogger("compaction_proxy.metrics")
+
+PREFIX = "compaction_proxy"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Model names come from clients: past this many distinct names a process reports "other",
+# so a client cannot grow the number of series without bound.
+MAX_MODEL_LABELS = 64
+COMPACTION_CASES = ("summarize", "truncate", "emergency", "failed")
+FAILURE_PURPOSES = ("detector", "summarizer")
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+_OVERHEAD_BUCKETS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0,
+)  # fmt: skip
+_COMPACTION_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
+
+
+def multiprocess_enabled() -> bool:
+    """True when prometheus-client was imported with ``PROMETHEUS_MULTIPROC_DIR`` set."""
+    return bool(getattr(values.ValueClass, "_multiprocess", False))
+
+
+def input_price(model: str) -> float:
+    """USD per input token from LiteLLM's model map; 0.0 for an unknown or free model."""
+    info = model_info(model)
+    return info.input_cost_per_token if info and info.input_cost_per_token else 0.0
+
+
+class Metrics:
+    """The proxy's counters and histograms. Every ``observe_*`` method is cheap and never raises."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.multiprocess = multiprocess_enabled()
+        if os.environ.get(MULTIPROC_ENV) and not self.multiprocess:
+            log.warning(
+                "PROMETHEUS_MULTIPROC_DIR was set after prometheus-client was imported; "
+                "/metrics shows this worker only"
+            )
+        self._models: set[str] = set()
+        r = self.registry
+        self.requests = Counter(
+            f"{PREFIX}_requests",
+            "Requests through the proxy, by route, compaction case and upstream status.",
+            ["route", "case", "status"],
+            registry=r,
+        )
+        tokens = ["route", "model"]
+        self.original_tokens = Counter(
+            f"{PREFIX}_original_prompt_tokens",
+            "Prompt tokens of the histories clients sent (the proxy's count).",
+            tokens,
+            registry=r,
+        )
+        self.forwarded_tokens = Counter(
+            f"{PREFIX}_forwarded_prompt_tokens",
+            "Prompt tokens of the histories forwarded upstream (the proxy's count).",
+            tokens,
+            registry=r,
+        )
+        self.saved_tokens = Counter(
+            f"{PREFIX}_saved_prompt_tokens",
+            "Prompt tokens saved by compaction (original minus forwarded).",
+            tokens,
+            registry=r,
+        )
+        self.saved_usd = Counter(
+            f"{PREFIX}_saved_usd",
+            "Estimated dollars saved: saved tokens x the model's input price (LiteLLM map).",
+            tokens,
+            registry=r,
+        )
+        self.shadow_saved_tokens = Counter(
+            f"{PREFIX}_shadow_saved_prompt_tokens",
+            "Shadow mode: prompt tokens compaction would have saved (nothing was changed).",
+            tokens,
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            f"{PREFIX}_cached_prompt_tokens",
+            "Prompt tokens the upstream reported as read from its prompt cache.",
+            tokens,
+            registry=r,
+        )
+        self.compactions = Counter(
+            f"{PREFIX}_compactions",
+            "Compactions by case (summarize, truncate, emergency; failed when none resulted).",
+            ["case"],
+            registry=r,
+        )
+        self.compaction_duration = Histogram(
+            f"{PREFIX}_compaction_duration_seconds",
+            "Wall time of one compaction (detector plus summarizer).",
+            ["case"],
+            buckets=_COMPACTION_BUCKETS,
+            registry=r,
+        )
+        self.failures = Counter(
+            f"{PREFIX}_llm_failures",
+            "Failed detector or summarizer calls (the request still went through).",
+            ["purpose"],
+            registry=r,
+        )
+        # The loss reports: key facts of replaced spans still in the forwarded context (the
+        # summary, its key references, pins or the verbatim part), and facts gone from it.
+        self.facts_kept = Counter(
+            f"{PREFIX}_facts_kept",
+            "Key facts of replaced spans that the forwarded context still holds.",
+            ["case"],
+            registry=r,
+        )
+        self.facts_dropped = Counter(
+            f"{PREFIX}_facts_dropped",
+            "Key facts of replaced spans that no longer appear in the forwarded context.",
+            ["case"],
+            registry=r,
+        )
+        self.upstream_latency = Histogram(
+            f"{PREFIX}_upstream_latency_seconds",
+            "Time from forwarding to the end of the upstream response (streams included).",
+            ["route"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            f"{PREFIX}_overhead_seconds",
+            "Time spent in the proxy before forwarding (inline compactions included).",
+            ["route"],
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.store_up = Gauge(
+            f"{PREFIX}_store_up",
+            "1 while the store answers reads and writes; 0 while it is unavailable (the proxy "
+            "then forwards uncompacted).",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.store_up.set(1)
+        self.store_failures = Counter(
+            f"{PREFIX}_store_failures",
+            "Times the store was found unavailable (unwritable, deleted, corrupt, unreachable).",
+            registry=r,
+        )
+        self.rejected = Counter(
+            f"{PREFIX}_rejected_requests",
+            "Requests the proxy itself answered with a 4xx (never forwarded), by route and "
+            "reason (the error code).",
+            ["route", "reason"],
+            registry=r,
+        )
+        # Known label values start at zero, so every series exists before its first event.
+        for case in COMPACTION_CASES:
+            self.compactions.labels(case)
+            if case != "failed":
+                self.compaction_duration.labels(case)
+                self.facts_kept.labels(case)
+                self.facts_dropped.labels(case)
+        for purpose in FAILURE_PURPOSES:
+            self.failures.labels(purpose)
+
+    def _model_label(self, model: str) -> str:
+        if model in self._models:
+            return model
+        if len(self._models) >= MAX_MODEL_LABELS:
+            return "other"
+        self._models.add(model)
+        return model
+
+    def observe_request(
+        self,
+        prepared: Any,
+        status: int,
+        latency: float,
+        overhead: float,
+        cached: int,
+        *,
+        route: str = "chat.completions",
+    ) -> None:
+        """One finished request. ``prepared`` is None when the compaction core failed.
+
+        Tokens are counted for every prepared request whatever its status, like the ledger.
+        """
+        try:
+            case = prepared.case if prepared is not None else "error"
+            if prepared is not None and prepared.shadow:
+                case = "shadow"
+            self.requests.labels(route, case, str(status)).inc()
+            self.upstream_latency.labels(route).observe(max(latency - overhead, 0.0))
+            self.overhead.labels(route).observe(max(overhead, 0.0))
+            model = self._model_label(prepared.model if prepared is not None else "unknown")
+            # inc(0) too: every series exists from a model's first request, so queries and
+            # ratios over them work before the first saving or cache hit.
+            self.cached_tokens.labels(route, model).inc(max(cached, 0))
+            if prepared is None:
+                return
+            original, forwarded = prepared.original_tokens, prepared.forwarded_tokens
+            if prepared.shadow:
+                # The upstream got the original: the would-be saving is counted aside.
+                would = max(original - forwarded, 0)
+                self.shadow_saved_tokens.labels(route, model).inc(would)
+                forwarded = original
+            saved = max(original - forwarded, 0)
+            self.original_tokens.labels(route, model).inc(original)
+            self.forwarded_tokens.labels(route, model).inc(forwarded)
+            self.saved_tokens.labels(route, model).inc(saved)
+            self.saved_usd.labels(route, model).inc(saved * input_price(prepared.model))
+        except Exception:  # metrics never break a request
+            log.exception("metrics: observe_request failed")
+
+    def observe_rejection(self, route: str, reason: str) -> None:
+        """One request the proxy refused itself (bad body, unknown route, ...)."""
+        try:
+            self.rejected.labels(route, reason).inc()
+        except Exception:
+            log.exception("metrics: observe_rejection failed")
+
+    def observe_compaction(
+        self, case: str, duration_s: float | None, failed_purpose: str | None = None
+    ) -> None:
+        """One compaction attempt's outcome, or one failed detector/summarizer call."""
+        try:
+            if failed_purpose is not None:
+                self.failures.labels(failed_purpose).inc()
+            if case in ("summarize", "truncate", "emergency"):
+                self.compactions.labels(case).inc()
+                if duration_s is not None:
+                    self.compaction_duration.labels(case).observe(max(duration_s, 0.0))
+            elif case == "failed":
+                self.compactions.labels("failed").inc()
+        except Exception:
+            log.exception("metrics: observe_compaction failed")
+
+    def observe_event(self, event: dict[str, Any]) -> None:
+        """The compactor's ``on_event`` callback: its events as metrics.
+
+        Events: ``{"case": summarize|truncate|emergency, "duration_s": ...}`` for a stored
+        record; ``{"case": "failed"}`` when the summarizer failed (the detector is optional and
+        reports ``{"case": "detector_failed"}`` on its own).
+        """
+        case = str(event.get("case", ""))
+        duration = event.get("duration_s")
+        duration_s = float(duration) if isinstance(duration, int | float) else None
+        if case == "detector_failed":
+            self.observe_compaction("none", None, "detector")
+        elif case == "failed":
+            self.observe_compaction("failed", None, "summarizer")
+        else:
+            self.observe_compaction(case, duration_s)
+            self.observe_facts(case, event.get("facts_kept"), event.get("facts_dropped"))
+
+    def observe_facts(self, case: str, kept: Any, dropped: Any) -> None:
+        """One compaction's loss report, as counts."""
+        try:
+            if case in ("summarize", "truncate", "emergency"):
+                if isinstance(kept, int) and kept > 0:
+                    self.facts_kept.labels(case).inc(kept)
+                if isinstance(dropped, int) and dropped > 0:
+                    self.facts_dropped.labels(case).inc(dropped)
+        except Exception:
+            log.exception("metrics: observe_facts failed")
+
+    def observe_store(self, up: bool, changed: bool) -> None:
+        """The store's state after a check; ``changed`` when it just went down or up."""
+        self.store_up.set(1 if up else 0)
+        if changed and not up:
+            self.store_failures.inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type; all workers' sum in multiprocess mode."""
+        if self.multiprocess:
+            registry = CollectorRegistry()
+            MultiProcessCollector(registry)
+            return generate_latest(registry), CONTENT_TYPE
+        return generate_latest(self.registry), CONTENT_TYPE

@@ -1,0 +1,307 @@
+"""The API surfaces the proxy compacts: OpenAI chat completions and Anthropic messages.
+
+Each surface is a pure adapter (DESIGN §9): it validates a request body, gives the core a
+message list to work on (the "view"), puts the forwarded view back into a body, reads usage
+from replies and stream events, and shapes errors the way that API's clients expect. The
+compaction core itself never knows which API it serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import orjson
+
+from proxy.core.errors import BadRequest
+from proxy.core.layout import joined_run
+from proxy.core.messages import Message
+from proxy.server.validation import validate_chat
+
+View = list[Message]
+
+
+@dataclass(frozen=True)
+class Surface:
+    """One API the proxy understands."""
+
+    name: str  # the route label in logs and metrics
+    path: str
+    validate: Callable[[dict[str, Any]], None]
+    to_view: Callable[[dict[str, Any]], View]
+    from_view: Callable[[dict[str, Any], View], dict[str, Any]]
+    summary_role: Literal["system", "user"] | None  # None: the configured role
+    stream_usage_option: bool  # OpenAI only sends stream usage when asked
+    error_body: Callable[[str, str, str | None], dict[str, Any]]
+    # Requests that carry no full history (server-side state): forwarded untouched.
+    stateful: Callable[[dict[str, Any]], bool] = lambda body: False
+    # Cache breakpoints the client placed outside the view (Anthropic ``tools``): they count
+    # towards the provider's limit of 4 before the proxy adds any of its own.
+    outside_cache_marks: Callable[[dict[str, Any]], int] = lambda body: 0
+    # from_view makes the summary the first block of the next user turn (see join_summary).
+    summary_joins: bool = False
+
+
+def openai_error(message: str, type_: str, code: str | None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "code": code, "param": None}}
+
+
+def anthropic_error(message: str, type_: str, code: str | None) -> dict[str, Any]:
+    kinds = {
+        "invalid_request_error": "invalid_request_error",
+        "authentication_error": "authentication_error",
+        "upstream_error": "api_error",
+        "server_error": "api_error",
+    }
+    if code == "request_too_large":
+        kind = "request_too_large"
+    elif code == "upstream_timeout":
+        kind = "timeout_error"
+    else:
+        kind = kinds.get(type_, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+# ---- OpenAI /v1/chat/completions -----------------------------------------------------------
+
+
+def _chat_to_view(body: dict[str, Any]) -> View:
+    messages: View = body["messages"]
+    return messages
+
+
+def _chat_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
+    out = dict(body)
+    out["messages"] = view
+    return out
+
+
+OPENAI_CHAT = Surface(
+    name="chat.completions",
+    path="/v1/chat/completions",
+    validate=validate_chat,
+    to_view=_chat_to_view,
+    from_view=_chat_from_view,
+    summary_role=None,
+    stream_usage_option=True,
+    error_body=openai_error,
+)
+
+
+# ---- Anthropic /v1/messages ----------------------------------------------------------------
+
+# ``system`` inside ``messages``: Claude Code sends one mid-conversation; it is forwarded in
+# place (it is never a cut point: only user turns are).
+_ANTHROPIC_ROLES = frozenset({"user", "assistant", "system"})
+
+
+def validate_messages(body: dict[str, Any]) -> None:
+    """The Messages API fields the proxy relies on; the upstream validates the rest."""
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise BadRequest("'model' must be a non-empty string")
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        raise BadRequest("'max_tokens' must be an integer")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty array")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise BadRequest("'system' must be a string or an array of text blocks")
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean")
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise BadRequest(f"{where} must be an object")
+        if m.get("role") not in _ANTHROPIC_ROLES:
+            raise BadRequest(f"{where}.role must be 'user', 'assistant' or 'system'")
+        content = m.get("content")
+        if not isinstance(content, str | list):
+            raise BadRequest(f"{where}.content must be a string or an array of blocks")
+        if isinstance(content, list):
+            for j, block in enumerate(content):
+                if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+                    raise BadRequest(f"{where}.content[{j}] must be an object with a 'type'")
+
+
+def _messages_to_view(body: dict[str, Any]) -> View:
+    """The top-level ``system`` becomes a head message, so it is part of the prefix chain
+    (a summary is never reused under another system prompt) and is never summarized."""
+    view: View = list(body["messages"])
+    if body.get("system"):
+        view.insert(0, {"role": "system", "content": body["system"]})
+    return view
+
+
+def _blocks_of(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    return list(content) if isinstance(content, list) else []
+
+
+def join_summary(messages: View) -> View:
+    """The summary joins the pins before it and the first kept user turn into one user turn.
+
+    The Messages API wants user and assistant turns to alternate; a summary turn of its own,
+    next to the pinned user turns kept in place (the task, client instructions) and the kept
+    user turn, would be user turns the client never sent side by side. Pure and deterministic,
+    so the forwarded bytes stay the same from one request to the next (blocks keep their cache
+    marks, so the cached prefix still ends where it did).
+    """
+    members = joined_run(messages)
+    if members is None:
+        return messages
+    blocks = [b for i in members for b in _blocks_of(messages[i]["content"])]
+    merged = {**messages[members[-1]], "content": blocks}
+    joined = set(members[1:])
+    return [merged if i == members[0] else m for i, m in enumerate(messages) if i not in joined]
+
+
+def _messages_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
+    out = dict(body)
+    if body.get("system"):
+        out["system"] = view[0]["content"]
+        view = view[1:]
+    out["messages"] = join_summary(view)
+    return out
+
+
+def count_cache_marks(value: Any) -> int:
+    """``cache_control`` marks anywhere inside ``value`` (tool definitions, blocks)."""
+    if isinstance(value, dict):
+        own = 1 if value.get("cache_control") is not None else 0
+        return own + sum(count_cache_marks(v) for k, v in value.items() if k != "cache_control")
+    if isinstance(value, list):
+        return sum(count_cache_marks(v) for v in value)
+    return 0
+
+
+ANTHROPIC_MESSAGES = Surface(
+    name="messages",
+    path="/v1/messages",
+    validate=validate_messages,
+    to_view=_messages_to_view,
+    from_view=_messages_from_view,
+    # The summary is a user turn, joined to the first kept user turn on the way out.
+    summary_role="user",
+    stream_usage_option=False,
+    error_body=anthropic_error,
+    outside_cache_marks=lambda body: count_cache_marks(body.get("tools")),
+    summary_joins=True,
+)
+
+
+# ---- OpenAI /v1/responses ------------------------------------------------------------------
+
+ITEM_KEY = "_responses_item"  # the original input item behind a view message
+# Responses input items that hold a compacted history (Codex's remote compaction).
+CLIENT_COMPACTION_ITEMS = frozenset({"compaction", "compaction_summary"})
+
+
+def validate_responses(body: dict[str, Any]) -> None:
+    if not isinstance(body.get("model"), str) or not body["model"]:
+        raise BadRequest("'model' must be a non-empty string")
+    items = body.get("input")
+    if not isinstance(items, str | list):
+        raise BadRequest("'input' must be a string or an array of input items")
+    if isinstance(items, list):
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise BadRequest(f"input[{i}] must be an object")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("'instructions' must be a string")
+    if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
+        raise BadRequest("'stream' must be a boolean")
+
+
+def _item_view(item: dict[str, Any]) -> Message:
+    """A chat-shaped stand-in for one Responses input item, carrying the item itself.
+
+    The stand-in's fields name the item's meaning (so fingerprints, token counts, cut points
+    and transcripts work unchanged); the item is what gets forwarded.
+    """
+    kind = item.get("type", "message")
+    if kind == "message" or "role" in item:
+        view: Message = {"role": item.get("role", "user"), "content": item.get("content")}
+    elif kind == "function_call":
+        call = {
+            "id": item.get("call_id"),
+            "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
+        }
+        view = {"role": "assistant", "tool_calls": [call]}
+    elif kind == "function_call_output":
+        output = item.get("output")
+        text = output if isinstance(output, str) else orjson.dumps(output).decode()
+        view = {"role": "tool", "tool_call_id": item.get("call_id"), "content": text}
+    elif kind == "reasoning":
+        # Opaque (encrypted_content): carried as one block that is fingerprinted and counted
+        # but never rendered into a transcript (messages.OPAQUE_BLOCKS).
+        view = {"role": "assistant", "content": [item]}
+    elif kind in CLIENT_COMPACTION_ITEMS:
+        # The client's (or the provider's) own compacted history: opaque, and a system-level
+        # item so it is pinned in place and never summarized a second time (DESIGN §10).
+        view = {"role": "system", "content": [item]}
+    else:  # web search, computer calls...: opaque but meaningful
+        view = {"role": "assistant", "content": f"[{kind}] " + orjson.dumps(item).decode()}
+    view[ITEM_KEY] = item
+    return view
+
+
+def _responses_to_view(body: dict[str, Any]) -> View:
+    items = body["input"]
+    if isinstance(items, str):
+        items = [{"role": "user", "content": items}]
+    view: View = [_item_view(item) for item in items]
+    if body.get("instructions"):
+        view.insert(0, {"role": "system", "content": body["instructions"], ITEM_KEY: None})
+    return view
+
+
+def _responses_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
+    out = dict(body)
+    if body.get("instructions"):
+        view = view[1:]
+    items = []
+    for m in view:
+        if ITEM_KEY in m:
+            items.append(m[ITEM_KEY])
+        else:  # our summary message
+            items.append({"type": "message", "role": m["role"], "content": m["content"]})
+    out["input"] = items
+    return out
+
+
+def stateful(body: dict[str, Any]) -> bool:
+    """A Responses request that continues server-side state sends only the new items:
+    there is no history here to compact."""
+    return bool(body.get("previous_response_id") or body.get("conversation"))
+
+
+OPENAI_RESPONSES = Surface(
+    name="responses",
+    path="/v1/responses",
+    validate=validate_responses,
+    to_view=_responses_to_view,
+    from_view=_responses_from_view,
+    summary_role=None,
+    stream_usage_option=False,
+    error_body=openai_error,
+    stateful=stateful,
+)
+
+
+def usage_of(obj: Any) -> dict[str, Any] | None:
+    """Usage in a reply or a stream event of any surface (Anthropic's ``message_start``
+    nests it in ``message``, Responses' ``response.completed`` in ``response``)."""
+    if not isinstance(obj, dict):
+        return None
+    usage = obj.get("usage")
+    for key in ("message", "response"):
+        if not isinstance(usage, dict):
+            inner = obj.get(key)
+            usage = inner.get("usage") if isinstance(inner, dict) else None
+    return usage if isinstance(usage, dict) else None
