@@ -39,9 +39,10 @@ import orjson
 from proxy.adapters.llm import LLMReply
 from proxy.adapters.store import DiskStore
 from proxy.config import load_prompt
+from proxy.core.prepared import Prompts
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import Compactor, Prompts
+from proxy.engine.compactor import Compactor
 
 Message = dict[str, Any]
 Summarizer = Callable[[str, int], str]  # (transcript, budget tokens) -> summary text

@@ -4,12 +4,13 @@
 
 For each history size it builds a deterministic conversation (~200 tokens a message, a tool
 round every third turn), a DiskStore in a temporary folder holding one compaction record for
-that conversation (as ``Compactor._store`` writes it), and times what every request pays
+that conversation (as the engine's ``Persist`` command writes it), and times what every request pays
 before any decision:
 
 - ``fingerprints``: ``proxy.fingerprint.fingerprints`` over all messages;
 - ``chain``: ``prefix_chain`` over those fingerprints, plus the conversation id;
-- ``lookup``: ``Compactor._lookup_sync`` (cooldown key, checkpoints, record) on the store;
+- ``lookup``: the core's lookup flow (``proxy.core.lookup``: checkpoints, record) read from
+  the store by ``run_reads``;
 - ``count``: ``TokenCounter.count_messages`` with the fingerprints, cold (a fresh counter,
   empty memo) and warm (the memo already holds every message).
 
@@ -34,10 +35,10 @@ from typing import Any
 
 from proxy.adapters.store import DiskStore
 from proxy.core.fingerprint import conversation_id, fingerprints, prefix_chain, tenant_id
+from proxy.core.lookup import lookup
 from proxy.core.records import MAX_CHECKPOINTS, CompactionRecord, conv_key
-from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import Compactor, Prompts
+from proxy.engine.compactor import run_reads
 
 MODEL = "gpt-4o"
 SIZES = (10, 100, 1000, 5000)
@@ -49,13 +50,6 @@ WORDS = (
 ).split()
 
 Message = dict[str, Any]
-
-
-class _NoLLM:
-    """The lookup path never calls the LLM; this stands in for one."""
-
-    async def complete(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover
-        raise RuntimeError("the benchmark never calls the LLM")
 
 
 def conversation(n_messages: int, seed: int = 0, words: int = 150) -> list[Message]:
@@ -138,12 +132,9 @@ def measure(n_messages: int, reps: int, store_dir: Path) -> dict[str, Any]:
     store = DiskStore(store_dir / f"store-{n_messages}")
     try:
         conversation_key = _store_record(store, tenant, messages)
-        compactor = Compactor(
-            CompactionSettings(), store, _NoLLM(), Prompts("d", "s"), counter=TokenCounter()
-        )
         # Sanity: the lookup really finds the record (otherwise the figure is meaningless).
         chain = prefix_chain(tenant, fingerprints(messages))
-        found, _ = compactor._lookup_sync(tenant, conversation_key, chain)
+        found = run_reads(lookup(tenant, conversation_key, None, chain), store)
         if found is None:
             raise RuntimeError("benchmark setup error: the stored record is not found")
         warm_counter = TokenCounter()
@@ -167,7 +158,7 @@ def measure(n_messages: int, reps: int, store_dir: Path) -> dict[str, Any]:
             chain = prefix_chain(tenant, fps)
             conv = conversation_id(chain, messages)
             t3 = clock()
-            compactor._lookup_sync(tenant, conv, chain)
+            run_reads(lookup(tenant, conv, None, chain), store)
             t4 = clock()
             cold_counter = TokenCounter()
             t5 = clock()

@@ -13,9 +13,10 @@ from typing import Any
 
 from proxy.adapters.llm import LLMReply
 from proxy.adapters.store import DiskStore
+from proxy.core.prepared import Prompts
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import Compactor, Prompts
+from proxy.engine.compactor import Compactor
 
 MODEL = "gpt-4o-mini"
 PLANTED = [

@@ -20,10 +20,11 @@ from proxy.core import pins, prune
 from proxy.core.errors import CompactionFailed
 from proxy.core.messages import SUMMARY_PREFIX
 from proxy.core.planner import cut_points
+from proxy.core.prepared import Prepared
 from proxy.core.records import body_start
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import Compactor, Prepared
+from proxy.engine.compactor import Compactor
 from proxy.server.surfaces import (
     _messages_from_view,
     _messages_to_view,

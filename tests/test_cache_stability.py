@@ -13,11 +13,12 @@ from proxy.adapters.llm import LLMReply
 from proxy.adapters.store import DiskStore
 from proxy.core import costs, stability
 from proxy.core.errors import CompactionFailed
+from proxy.core.prepared import Prompts
 from proxy.core.records import conv_key
 from proxy.core.settings import CompactionSettings
 from proxy.core.stability import StabilityState, TierThresholds
 from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import Compactor, Prompts
+from proxy.engine.compactor import Compactor
 from proxy.operators import ledger
 from tests.checks import INLINE, assert_forwarded_faithful, summary_index
 from tests.conversations import drive_conversation

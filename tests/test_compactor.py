@@ -8,7 +8,6 @@ import inspect
 import json
 import random
 import re
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,13 +18,17 @@ import pytest
 
 from proxy.adapters.llm import LLMReply
 from proxy.adapters.store import DiskStore
+from proxy.core.candidates import EMERGENCY_NOTE
+from proxy.core.commands import Read
 from proxy.core.errors import CompactionFailed
 from proxy.core.fingerprint import fingerprints, prefix_chain
+from proxy.core.lookup import lookup
 from proxy.core.messages import SUMMARY_PREFIX
+from proxy.core.prepared import Prepared, Prompts
 from proxy.core.records import body_start, conv_key
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import EMERGENCY_NOTE, Compactor, Prepared, Prompts
+from proxy.engine.compactor import Compactor
 
 Message = dict[str, Any]
 MODEL = "gpt-4o-mini"
@@ -551,9 +554,13 @@ async def test_confident_boundary_truncates_with_a_note(make: MakeCompactor) -> 
 # ---- concurrency, tenants, edits -------------------------------------------------------------
 
 
+def is_state_read(command: Any) -> bool:
+    """The read of a request's conversation state (the lookup of ``prepare``)."""
+    return isinstance(command, Read) and any(k.startswith("pause:") for k in command.values)
+
+
 async def test_concurrent_inline_prepares_share_one_compaction(make: MakeCompactor) -> None:
     both_looked_up = asyncio.Event()
-    loop = asyncio.get_running_loop()
 
     async def detect(_messages: list[Message]) -> str:
         # Truly concurrent: the compaction cannot finish before the second request has
@@ -565,19 +572,18 @@ async def test_concurrent_inline_prepares_share_one_compaction(make: MakeCompact
     llm = FakeLLM(detector=detect)
     c = make(llm, mode="inline")
     lookups = 0
-    lock = threading.Lock()
-    original_lookup = c._lookup_sync
+    execute = c._execute
 
-    def counting_lookup(*args: Any) -> Any:
+    async def counting(command: Any) -> Any:
         nonlocal lookups
-        result = original_lookup(*args)
-        with lock:  # lookups run in worker threads
+        result = await execute(command)
+        if is_state_read(command):
             lookups += 1
             if lookups == 2:
-                loop.call_soon_threadsafe(both_looked_up.set)
+                both_looked_up.set()
         return result
 
-    c._lookup_sync = counting_lookup  # type: ignore[method-assign]
+    c._execute = counting  # type: ignore[method-assign]
     msgs = conversation(14)
     a, b = await asyncio.gather(prepare(c, msgs), prepare(c, copy.deepcopy(msgs)))
     assert len(llm.of("summarizer")) == 1
@@ -600,14 +606,14 @@ async def test_cancelled_compaction_does_not_strand_a_waiting_request(
     llm = FakeLLM(summarizer=blocked)
     c = make(llm, mode="inline")
     lookups = 0
-    original_lookup = c._lookup_sync
+    execute = c._execute
 
-    def counting_lookup(*args: Any) -> Any:
+    async def counting(command: Any) -> Any:
         nonlocal lookups
-        lookups += 1
-        return original_lookup(*args)
+        lookups += is_state_read(command)
+        return await execute(command)
 
-    c._lookup_sync = counting_lookup  # type: ignore[method-assign]
+    c._execute = counting  # type: ignore[method-assign]
     msgs = conversation(14)
     first = asyncio.create_task(prepare(c, msgs))
     while not llm.of("summarizer"):
@@ -642,7 +648,8 @@ async def test_a_second_tenant_never_gets_the_first_tenants_record(make: MakeCom
         assert b.record is None and dumps(b.forwarded) == dumps(msgs)
         # Even looking under tenant B's keys with tenant A's conversation finds nothing.
         chain_b = prefix_chain("tenant-b", fingerprints(msgs))
-        assert background._lookup_sync("tenant-b", a.conversation, chain_b) == (None, False)
+        found = await background.run(lookup("tenant-b", a.conversation, None, chain_b))
+        assert found is None
     again = await prepare(background, msgs, tenant="tenant-a", conversation_header="shared-id")
     assert again.record == a.record
 

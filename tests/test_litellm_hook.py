@@ -37,8 +37,9 @@ from hooks.litellm_compaction import (  # noqa: E402
 from proxy.adapters.llm import LLMReply  # noqa: E402
 from proxy.adapters.store import DiskStore  # noqa: E402
 from proxy.config import load_config  # noqa: E402
+from proxy.core.prepared import Prompts  # noqa: E402
 from proxy.core.settings import CompactionSettings  # noqa: E402
-from proxy.engine.compactor import Compactor, Prompts  # noqa: E402
+from proxy.engine.compactor import Compactor  # noqa: E402
 from tests.checks import (  # noqa: E402
     LOW_TRIGGER,
     assert_facts_present,

@@ -24,13 +24,15 @@ from hypothesis import strategies as st
 from proxy.adapters.store import DiskStore
 from proxy.core.errors import CompactionFailed
 from proxy.core.fingerprint import conversation_id, fingerprints, prefix_chain
+from proxy.core.lookup import lookup
 from proxy.core.messages import head_length, text_of
 from proxy.core.pins import first_user_index
 from proxy.core.planner import cut_points, emergency_cut, plan_cut
+from proxy.core.prepared import Prepared
 from proxy.core.records import body_start
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import Compactor, Prepared
+from proxy.engine.compactor import Compactor, run_reads
 from tests.test_compactor import MODEL, PROMPTS, FakeLLM
 
 Message = dict[str, Any]
@@ -245,7 +247,7 @@ class Engine:
 
     def lookup(self, msgs: list[Message], tenant: str, conversation: str) -> Any:
         chain = prefix_chain(tenant, fingerprints(msgs))
-        return self.compactor._lookup_sync(tenant, conversation, chain)[0]
+        return run_reads(lookup(tenant, conversation, None, chain), self.store)
 
 
 # ---- pure planner properties -----------------------------------------------------------------

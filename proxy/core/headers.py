@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from proxy.core.fingerprint import conversation_label
 
 if TYPE_CHECKING:  # the compactor is not needed to read a prepared request
-    from proxy.engine.compactor import Prepared
+    from proxy.core.prepared import Prepared
 
 
 def compaction_headers(prepared: Prepared | None) -> dict[str, str]:

@@ -6,7 +6,7 @@ rolling series of compactions never loses what the first one kept.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Generator, Sequence
 
 from proxy.core.messages import Message, render
 from proxy.core.summarycheck import SummaryRejected, accept
@@ -60,8 +60,9 @@ def strip_summary_header(content: str) -> str:
     return content
 
 
-# One summarizer call: the chat messages in, the reply's text and finish reason out.
-Complete = Callable[[list[Message]], Awaitable[tuple[str | None, str | None]]]
+# One summarizer call as a flow step: the request is yielded, the reply's text and finish
+# reason are sent back (the caller makes the call; see proxy.core.commands).
+Summarizing = Generator[list[Message], tuple[str | None, str | None], str]
 _MAX_REDUCE_ROUNDS = 4
 
 
@@ -100,15 +101,15 @@ def _request(prompt: str, body: str, earlier: str | None, budget_tokens: int) ->
     ]
 
 
-async def summarize(
-    complete: Complete,
+def summarize(
     prompt: str,
     span: Sequence[Message],
     earlier: str | None,
     max_tokens: int,
     max_chars: int = DEFAULT_MAX_TRANSCRIPT_CHARS,
-) -> str:
-    """The checked summary of ``span`` (folding in ``earlier``), or ``SummaryRejected``.
+) -> Summarizing:
+    """The checked summary of ``span`` (folding in ``earlier``), or ``SummaryRejected``: a
+    generator that yields each summarizer request and is sent its ``(text, finish_reason)``.
 
     A span longer than the summary model can read (``max_chars``) is summarized in chunks
     that each fit (map), then the chunk summaries are summarized together with the earlier
@@ -121,17 +122,17 @@ async def summarize(
     whole = "\n\n".join(texts)
     span_text = f"{earlier or ''}\n\n{whole}"
 
-    async def one(body: str, folded: str | None, about: str) -> str:
-        text, finish = await complete(_request(prompt, body, folded, budget))
+    def one(body: str, folded: str | None, about: str) -> Summarizing:
+        text, finish = yield _request(prompt, body, folded, budget)
         return accept(text, finish, span_text=about, prompt=prompt, max_chars=limit_chars)
 
     if len(whole) + len(earlier or "") <= max_chars:
-        return await one(f"TRANSCRIPT ({len(span)} messages):\n{whole}", earlier, span_text)
+        return (yield from one(f"TRANSCRIPT ({len(span)} messages):\n{whole}", earlier, span_text))
     parts = []
     for piece in chunk_texts(texts, max_chars):
         joined = "\n\n".join(piece)
         parts.append(
-            await one(f"TRANSCRIPT (one part of the older history):\n{joined}", None, joined)
+            (yield from one(f"TRANSCRIPT (one part of the older history):\n{joined}", None, joined))
         )
     for _ in range(_MAX_REDUCE_ROUNDS):
         if len(parts) == 1 and not earlier:
@@ -139,17 +140,14 @@ async def summarize(
         numbered = [f"PART {i + 1}:\n{p}" for i, p in enumerate(parts)]
         if sum(len(p) + 2 for p in numbered) + len(earlier or "") <= max_chars:
             body = "SUMMARIES OF CONSECUTIVE PARTS, OLDEST FIRST:\n\n" + "\n\n".join(numbered)
-            return await one(body, earlier, span_text)
+            return (yield from one(body, earlier, span_text))
         groups = chunk_texts(numbered, max_chars // 2)
         if len(groups) == len(parts):
             parts = parts[-max(1, (max_chars // 2) // max(limit_chars, 1)) :]
             continue  # the parts cannot be grouped: keep the newest that fit
-        parts = [
-            await one(
-                "SUMMARIES OF CONSECUTIVE PARTS, OLDEST FIRST:\n\n" + "\n\n".join(g),
-                None,
-                "\n".join(g),
-            )
-            for g in groups
-        ]
+        reduced = []
+        for g in groups:
+            joined = "SUMMARIES OF CONSECUTIVE PARTS, OLDEST FIRST:\n\n" + "\n\n".join(g)
+            reduced.append((yield from one(joined, None, "\n".join(g))))
+        parts = reduced
     raise SummaryRejected("summary of the chunk summaries did not converge")

@@ -2,48 +2,52 @@
 the dashboard and the metrics read them. One definition, so a new case or field is added in
 one place and a typo is a type error rather than a silently empty dashboard row.
 
-``Case`` is a ``StrEnum``: its members are the strings stored in the ledger and shown in the
-admin API (``Case.PRUNE == "prune"``), so stored data written before this module existed
-reads the same.
+``Case`` and ``Failure`` hold plain strings (``Case.PRUNE == "prune"``), typed as the
+``CaseName`` literals: they are stored in the ledger, used as JSON keys and shown in the admin
+API exactly as before this module existed (an enum would not be a valid orjson key).
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
-from typing import Literal, TypedDict
+from typing import Final, Literal, TypedDict
+
+CaseName = Literal[
+    "none", "prune", "truncate", "summarize", "emergency",
+    "off", "opt-out", "client-compaction", "shadow", "error",
+]  # fmt: skip
 
 
-class Case(StrEnum):
+class Case:
     """What happened to one request (the ledger's and the response header's ``case``)."""
 
-    NONE = "none"  # forwarded as sent (or under an earlier compaction, unchanged since)
-    PRUNE = "prune"  # old tool results replaced by placeholders (no LLM call)
-    TRUNCATE = "truncate"  # an earlier topic dropped, with a short note
-    SUMMARIZE = "summarize"  # older turns replaced by a summary
-    EMERGENCY = "emergency"  # no usable LLM result: oldest whole rounds dropped to fit
-    OFF = "off"  # ``x-compaction: off`` or server-side conversation state
-    OPT_OUT = "opt-out"  # tenant, model or conversation opted out (or paused)
-    CLIENT_COMPACTION = "client-compaction"  # the client compacts its own history
-    SHADOW = "shadow"  # measured only: forwarded byte for byte
-    ERROR = "error"  # the request failed before it was prepared
+    NONE: Final = "none"  # forwarded as sent (or under an earlier compaction, unchanged since)
+    PRUNE: Final = "prune"  # old tool results replaced by placeholders (no LLM call)
+    TRUNCATE: Final = "truncate"  # an earlier topic dropped, with a short note
+    SUMMARIZE: Final = "summarize"  # older turns replaced by a summary
+    EMERGENCY: Final = "emergency"  # no usable LLM result: oldest whole rounds dropped to fit
+    OFF: Final = "off"  # ``x-compaction: off`` or server-side conversation state
+    OPT_OUT: Final = "opt-out"  # tenant, model or conversation opted out (or paused)
+    CLIENT_COMPACTION: Final = "client-compaction"  # the client compacts its own history
+    SHADOW: Final = "shadow"  # measured only: forwarded byte for byte
+    ERROR: Final = "error"  # the request failed before it was prepared
 
 
 # A compaction record's case: what a stored compaction did.
-COMPACTION_CASES: frozenset[Case] = frozenset(
+COMPACTION_CASES: frozenset[str] = frozenset(
     {Case.PRUNE, Case.TRUNCATE, Case.SUMMARIZE, Case.EMERGENCY}
 )
 # Requests forwarded as sent by rule, never compacted.
-SKIPPED_CASES: frozenset[Case] = frozenset({Case.OFF, Case.OPT_OUT, Case.CLIENT_COMPACTION})
+SKIPPED_CASES: frozenset[str] = frozenset({Case.OFF, Case.OPT_OUT, Case.CLIENT_COMPACTION})
 
 
-class Failure(StrEnum):
+class Failure:
     """The ``case`` of an event that reports a failed attempt rather than a compaction."""
 
-    FAILED = "failed"  # the summarizer (or the whole LLM path) failed
-    DETECTOR_FAILED = "detector_failed"  # the detector failed; the summarizer still ran
+    FAILED: Final = "failed"  # the summarizer (or the whole LLM path) failed
+    DETECTOR_FAILED: Final = "detector_failed"  # the detector failed; the summarizer still ran
 
 
-FAILURE_CASES: frozenset[Failure] = frozenset(Failure)
+FAILURE_CASES: frozenset[str] = frozenset({Failure.FAILED, Failure.DETECTOR_FAILED})
 
 
 class _EventBase(TypedDict):

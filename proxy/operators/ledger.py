@@ -21,7 +21,7 @@ from proxy.core.records import conv_key
 log = logging.getLogger("compaction_proxy.ledger")
 
 if TYPE_CHECKING:  # the compactor imports this module
-    from proxy.engine.compactor import Prepared
+    from proxy.core.prepared import Prepared
 
 TOTALS_KEY = "totals"
 

@@ -40,8 +40,9 @@ from proxy.core.controls import request_controls
 from proxy.core.errors import BadRequest, ContextTooLong, PayloadTooLarge, ProxyError, StoreError
 from proxy.core.fingerprint import tenant_id
 from proxy.core.headers import compaction_headers
+from proxy.core.prepared import Prepared, Prompts
 from proxy.core.tokens import TokenCounter, warm_tokenizers
-from proxy.engine.compactor import Compactor, Prepared, Prompts
+from proxy.engine.compactor import Compactor
 from proxy.operators import (
     admin,
     admintoken,

@@ -1,0 +1,248 @@
+"""Candidate compactions, built without I/O, and the one verdict on whether one stands.
+
+Every tier (prune, truncate, summarize, emergency) builds a ``CompactionRecord`` here from
+the forwarded list and what the LLMs answered; ``verdict`` alone decides whether it is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+from proxy.core import keyfacts, layout, lossreport, pins, planner, prune
+from proxy.core.messages import Message
+from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
+from proxy.core.records import CompactionRecord
+from proxy.core.types import Case
+from proxy.core.view import reviewed
+
+EMERGENCY_NOTE = (
+    "Earlier messages of this conversation were omitted so that it fits the model's context."
+)
+
+
+def verdict(env: Env, p: Prepared, outcome: Outcome, *, llm_next: bool = False) -> Outcome:
+    """``outcome`` if its record may be forwarded for ``p``, else why not (the one place).
+
+    - A record stored meanwhile (``outcome.reused``) stands unless it is the one ``p`` has.
+    - A new record must forward fewer tokens than ``p`` does now.
+    - A pruning must also leave room to grow when the summarizer could run next
+      (``llm_next``): pruned to within ``prune_clear_at_least`` of the trigger, the next
+      pruning is a round or two away, and each one breaks the cached prefix; one deeper
+      break by the summary tier is cheaper.
+    """
+    record = outcome.record
+    if record is None:
+        return outcome
+    if outcome.reused:
+        return outcome if record != p.record else nothing(outcome.reason)
+    if record.tokens_after >= p.forwarded_tokens:
+        return nothing(f"{record.case} would not reduce tokens")
+    s = env.settings
+    room = s.trigger_tokens - s.prune_clear_at_least
+    if record.case == Case.PRUNE and llm_next and record.tokens_after > room:
+        return nothing("pruning would leave too little room; the summary tier goes instead")
+    return outcome
+
+
+def pins_for(env: Env, p: Prepared, start: int, cut: int) -> pins.Pins:
+    """Pins of the span ``[start, cut)`` plus the user turn a round cut falls in."""
+    fwd = p.forwarded
+    found = pins.find(
+        fwd[:cut],
+        p.forwarded_counts,
+        p.origins,
+        pins.first_user_index(p.original),
+        env.settings,
+        start,
+    )
+    opener = layout.turn_opener(fwd, cut, start)
+    limit = env.settings.trigger_tokens * env.settings.pin_max_share
+    if opener is not None and p.forwarded_counts[opener] <= limit:
+        found = pins.with_pin(found, opener, "the instruction of the current turn")
+    return found
+
+
+def pruning(env: Env, p: Prepared, *, at_least: int) -> Outcome:
+    """The pruning tier: old tool results replaced by placeholders, when that frees enough."""
+    started = time.monotonic()
+    found = prune.plan(
+        p.forwarded, env.settings, lambda text: env.counter.count_text(text, p.model)
+    )
+    if not found.replacements or found.freed_tokens < max(1, at_least):
+        return nothing("pruning would not free enough")
+    new = layout.pruned(p.view(), found.replacements)
+    after = [found.replacements.get(i, m) for i, m in enumerate(p.forwarded)]
+    record = record_for(
+        env,
+        p,
+        new,
+        Case.PRUNE,
+        summary=None,
+        reason=f"cleared {len(found.cleared)} old tool results",
+        started=started,
+        loss=lossreport.report(found.cleared_text, None, lossreport.facts_text(after)),
+    )
+    record = dataclasses.replace(record, pruned=found.cleared)
+    return Outcome(Case.PRUNE, record, record.boundary_reason)
+
+
+def record_for(
+    env: Env,
+    p: Prepared,
+    new: layout.Layout,
+    case: str,
+    *,
+    summary: Message | None,
+    reason: str,
+    started: float,
+    confidence: float = 0.0,
+    loss: lossreport.LossReport | None = None,
+    llm_tokens: int = 0,
+    llm_usd: float = 0.0,
+    found: pins.Pins | None = None,
+) -> CompactionRecord:
+    """The record of a new layout of ``p``'s forwarded list (``verdict`` judges it)."""
+    tokens_after = sum(p.forwarded_counts[i] for i in new.kept) + 3
+    tokens_after += sum(env.counter.count_message(m, p.model) for m in new.added)
+    return CompactionRecord(
+        k=new.k,
+        prefix_hash=p.chain[new.k].hex(),
+        head_len=p.head_len,
+        summary=summary,
+        case=case,
+        covered=new.k - p.head_len,
+        created_at=time.time(),
+        tokens_before=p.forwarded_tokens,
+        tokens_after=tokens_after,
+        boundary_reason=reason,
+        confidence=confidence,
+        facts_kept=list(loss.kept) if loss else [],
+        facts_dropped=list(loss.dropped) if loss else [],
+        facts_appended=list(loss.appended) if loss else [],
+        facts_elsewhere=list(loss.elsewhere) if loss else [],
+        duration_s=round(time.monotonic() - started, 4),
+        model=p.model,
+        llm_tokens=llm_tokens,
+        llm_usd=llm_usd,
+        prefix=new.entries,
+        pinned=pin_lines(p, found.reasons if found else {}),
+        unpinned=pin_lines(None, found.oversized if found else {}, p.origins),
+    )
+
+
+def build(
+    env: Env,
+    p: Prepared,
+    cut: int,
+    text: str | None,
+    case: str,
+    *,
+    reason: str,
+    confidence: float,
+    started: float,
+    llm_tokens: int = 0,
+    llm_usd: float = 0.0,
+    refs_scale: bool = True,
+) -> Outcome:
+    """Cutting the forwarded list at ``cut`` behind a note (``text``, None for none); pins
+    of the replaced span stay in place.
+
+    The ``Key references:`` budget grows with the span unless ``refs_scale`` is False (the
+    emergency path, whose note size is fixed in advance)."""
+    fwd = p.forwarded
+    body, _ = p.body_start()
+    head_len = p.head_len
+    found = pins_for(env, p, body, cut)
+    covered = layout.replaced(p.view(), head_len, body, cut, found, None).k - head_len
+    span_text = lossreport.facts_text(unpinned(fwd, found, head_len, cut))
+    replaced = {i for i in range(head_len, cut) if i not in found}
+    rest_text = lossreport.facts_text([m for i, m in enumerate(fwd) if i not in replaced])
+    summary_msg = None
+    if text is not None:
+        budget = env.settings.key_references_max_chars
+        if refs_scale:
+            budget = keyfacts.scaled_budget(budget, len(span_text))
+        text, _ = keyfacts.guard(span_text, text, budget, elsewhere=rest_text)
+        summary_msg = planner.summary_message(text, covered, p.summary_role)
+    # Against the forwarded text itself: the summary as stored and everything around it.
+    loss = lossreport.report(
+        span_text, None if summary_msg is None else str(summary_msg["content"]), rest_text
+    )
+    new = layout.replaced(p.view(), head_len, body, cut, found, summary_msg)
+    record = record_for(
+        env,
+        p,
+        new,
+        case,
+        summary=summary_msg,
+        reason=reason,
+        started=started,
+        confidence=confidence,
+        loss=loss,
+        llm_tokens=llm_tokens,
+        llm_usd=llm_usd,
+        found=found,
+    )
+    return Outcome(case, record, reason or case)
+
+
+def emergency(env: Env, p: Prepared, limit: int, reason: str) -> Outcome:
+    """No LLM: prune every old tool result, then drop the oldest whole rounds (pins and the
+    recent window stay) down to the trigger, so that this does not fire again soon."""
+    started = time.monotonic()
+    s = env.settings
+    pruned = verdict(env, p, pruning(env, p, at_least=1))
+    work = p if pruned.record is None else reviewed(env, p, pruned.record)
+    if pruned.record is not None and work.forwarded_tokens <= s.trigger_tokens:
+        return pruned
+    body, earlier_at = work.body_start()
+    counts = work.forwarded_counts
+    everything = pins_for(env, work, body, len(work.forwarded))
+    # kept[c]: tokens staying before cut c (head, the previous summary's pins, span pins).
+    kept = [0] * (len(counts) + 1)
+    for i in range(len(counts)):
+        stays = i < body and i != earlier_at or i in everything
+        kept[i + 1] = kept[i] + (counts[i] if stays else 0)
+    cut = planner.emergency_cut(
+        work.forwarded,
+        counts,
+        work.head_len,
+        limit,
+        40 + s.key_references_max_chars // 2,  # the note's tokens
+        target_tokens=s.trigger_tokens,
+        body_start=body,
+        kept_tokens=kept,
+    )
+    if cut is None:
+        return pruned if pruned.record is not None else nothing(f"{reason}; nothing can be dropped")
+    built = build(
+        env, work, cut, EMERGENCY_NOTE, Case.EMERGENCY, reason=reason, confidence=0.0,
+        started=started, refs_scale=False,
+    )  # fmt: skip
+    outcome = verdict(env, work, built)
+    if outcome.record is None:
+        return pruned if pruned.record is not None else outcome
+    record = outcome.record
+    if pruned.record is not None:
+        # One record for both steps, measured against what was forwarded before either.
+        record = dataclasses.replace(
+            record,
+            tokens_before=p.forwarded_tokens,
+            pruned=pruned.record.pruned,
+            facts_dropped=[*pruned.record.facts_dropped, *record.facts_dropped],
+        )
+    return Outcome(Case.EMERGENCY, record, outcome.reason)
+
+
+def pin_lines(
+    p: Prepared | None, reasons: dict[int, str], where: Sequence[int | None] = ()
+) -> list[str]:
+    """Loss-report lines naming pins by original message index; the pins an earlier record
+    kept in place are still pinned."""
+    if p is not None:
+        where = p.origins
+    lines = [f"message {where[i]}: {why}" for i, why in reasons.items()]
+    earlier = p.record.pinned if p is not None and p.record else []
+    return list(dict.fromkeys([*earlier, *lines]))

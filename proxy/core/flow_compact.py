@@ -1,0 +1,253 @@
+"""One compaction of a prepared request, as a sans-I/O flow (DESIGN §4-§5).
+
+The flow runs under the conversation's lock (the driver takes it). In order: reuse a record
+another worker stored meanwhile; else ask the detector where the current topic began, choose
+truncate or summarize, ask the summarizer (map-reduce for a long span), build the record and
+let ``candidates.verdict`` judge it; on failure put the conversation on cooldown and, when the
+request would not fit, fall back to the emergency cut. Every step that needs the world yields
+a command (``proxy.core.commands``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from proxy.core import candidates, costs, detector, keyfacts, lossreport, planner, summarizer
+from proxy.core.commands import Complete, Cooldown, Emit, Flow, Persist, Read
+from proxy.core.errors import CompactionFailed, StoreError
+from proxy.core.lookup import lookup
+from proxy.core.modelmap import context_window
+from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
+from proxy.core.records import CompactionRecord, conv_key
+from proxy.core.types import CompactionEvent, DetectorFailedEvent, Event, FailureEvent
+
+log = logging.getLogger("compaction_proxy.compactor")
+NOTHING_TO_CUT = "nothing to cut"
+
+
+def compact(env: Env, p: Prepared, *, inline: bool, waited: bool = False) -> Flow[Outcome]:
+    """A compaction of ``p.forwarded``, or why there is none. ``waited``: another worker held
+    the lock until now; use what it stored, else only the fallback."""
+    try:
+        latest = yield from lookup(p.tenant, p.conversation, p.earlier_conversation, p.chain)
+    except StoreError:
+        latest = None
+    if latest is not None:
+        why = "reused a concurrent compaction" if waited else "reused a compaction stored meanwhile"
+        reused = candidates.verdict(env, p, Outcome(latest.case, latest, why, reused=True))
+        if reused.record is not None:
+            return reused
+    if waited:
+        return (yield from fallback(env, p, "concurrent compaction gave nothing usable"))
+    return (yield from attempt(env, p, inline=inline))
+
+
+def attempt(env: Env, p: Prepared, *, inline: bool) -> Flow[Outcome]:
+    """The LLM tiers, with the cooldown and the fallback when they give nothing."""
+    started = time.monotonic()
+    if not p.decision.use_llm:
+        return (yield from fallback(env, p, "cooling down"))
+    if not inline and (yield from _cooling(p)):
+        # Prepared before an earlier attempt failed: that failure's cooldown holds.
+        return nothing("cooling down")
+    try:
+        outcome = yield from llm_compaction(env, p, started)
+    except (CompactionFailed, summarizer.SummaryRejected) as exc:
+        # A rejected summary is a soft failure (the next one may pass): a short cooldown.
+        # An unreachable or failing model is a hard one: the full cooldown.
+        soft = isinstance(exc, summarizer.SummaryRejected)
+        log.warning(
+            "compaction failed",
+            extra={"conversation": p.conversation, "error": str(exc), "soft": soft},
+        )
+        yield from cooldown(env, p, soft=soft)
+        error = f"summary check failed: {exc}" if soft else str(exc)
+        failed: FailureEvent = {
+            "case": "failed", "error": error[:300], "soft": soft,
+            "ts": time.time(), "model": p.model,
+        }  # fmt: skip
+        yield from emit(p, failed)
+        return (yield from fallback(env, p, f"compaction failed: {error}"))
+    if outcome.record is None:
+        if outcome.reason != NOTHING_TO_CUT:
+            # The LLMs ran and nothing came of it: do not pay for it again soon.
+            yield from cooldown(env, p, soft=True)
+        return (yield from fallback(env, p, outcome.reason))
+    return (yield from persist(p, outcome))
+
+
+def fallback(env: Env, p: Prepared, reason: str) -> Flow[Outcome]:
+    """Without an LLM result: the emergency cut when the request is over its limit."""
+    limit = p.decision.limit_tokens
+    if limit is not None and p.forwarded_tokens > limit:
+        return (yield from persist(p, candidates.emergency(env, p, limit, reason)))
+    return nothing(reason)
+
+
+def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
+    """Detector, then truncate or summarize; raises ``CompactionFailed`` / ``SummaryRejected``."""
+    s = env.settings
+    fwd = p.forwarded
+    body, earlier_at = p.body_start()
+    plan = planner.plan_cut(fwd, p.forwarded_counts, p.head_len, s, body)
+    if plan is None:
+        return nothing(NOTHING_TO_CUT)
+    offset, window = detector.detector_window(fwd, plan.body_start, s.detector_window_messages)
+    detection = detector.SAFE_DEFAULT
+    spent = Spent()
+    try:
+        request = detector.build_request(env.prompts.detector, window, s.detector_chars_per_message)
+        reply = yield Complete(
+            s.detection_model or p.llm_model or p.model, request, 400, "detector", p.credential
+        )
+        spent.add(reply)
+        parsed = detector.parse_detection(reply.text, len(window))
+        detection = detector.sane(parsed, offset, plan.body_start)
+    except CompactionFailed as exc:
+        # The detector is an optimisation: without it we still summarize.
+        failed: DetectorFailedEvent = {
+            "case": "detector_failed", "error": str(exc)[:300], "ts": time.time(), "model": p.model,
+        }  # fmt: skip
+        yield from emit(p, failed)
+    boundary = None if detection.boundary_index is None else offset + detection.boundary_index
+    case, cut = planner.choose_case(plan, boundary, detection.confidence, s)
+    earlier = None
+    if earlier_at is not None:
+        earlier = summarizer.strip_summary_header(str(fwd[earlier_at].get("content", "")))
+    text: str | None = None
+    if case == "truncate":
+        if s.truncate_keeps_note:
+            text = (
+                detection.summary or f"An earlier topic was set aside: {detection.boundary_reason}"
+            )
+            if earlier:
+                text = f"{earlier.strip()}\n\n{text}"
+        span_text = lossreport.facts_text(fwd[p.head_len : cut])
+        if not lossreport.note_keeps_all(
+            span_text,
+            text,
+            lossreport.facts_text([*fwd[: p.head_len], *fwd[cut:]]),
+            keyfacts.scaled_budget(s.key_references_max_chars, len(span_text)),
+        ):
+            # Truncation would lose facts the note cannot carry: summarize instead.
+            case, cut = "summarize", plan.verbatim_start
+    if case == "summarize":
+        span = unpinned(fwd, candidates.pins_for(env, p, body, cut), body, cut)
+        model = s.summary_model or p.llm_model or p.model
+        steps = summarizer.summarize(
+            env.prompts.summarizer,
+            span,
+            earlier,
+            s.summary_budget_tokens,
+            transcript_chars(s.summary_model or p.model),
+        )
+        ask = next(steps)
+        while True:
+            reply = yield Complete(model, ask, s.summary_budget_tokens, "summarizer", p.credential)
+            spent.add(reply)
+            try:
+                ask = steps.send((reply.text, reply.finish_reason))
+            except StopIteration as done:
+                text = done.value
+                break
+    built = candidates.build(
+        env, p, cut, text, case, reason=detection.boundary_reason,
+        confidence=detection.confidence, started=started,
+        llm_tokens=spent.tokens, llm_usd=spent.usd,
+    )  # fmt: skip
+    return candidates.verdict(env, p, built)
+
+
+class Spent:
+    """What the detector and summarizer calls of one attempt cost."""
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.usd = 0.0
+
+    def add(self, reply: object) -> None:
+        prompt = int(getattr(reply, "prompt_tokens", 0) or 0)
+        completion = int(getattr(reply, "completion_tokens", 0) or 0)
+        self.tokens += prompt + completion
+        prices = costs.prices_for(str(getattr(reply, "model", "") or ""))
+        self.usd += costs.llm_cost(prices, prompt, completion)
+
+
+def persist(p: Prepared, outcome: Outcome) -> Flow[Outcome]:
+    """Store a new record and report it; the result serves this request even if the store
+    is down (it was made for it)."""
+    record = outcome.record
+    if record is None or outcome.reused:
+        return outcome
+    try:
+        yield Persist(p.tenant, p.conversation, record)
+    except StoreError as exc:
+        log.warning("could not store a compaction record", extra={"error": str(exc)})
+    yield from emit(p, compaction_event(record, outcome.reason))
+    log.info(
+        "compacted",
+        extra={
+            "conversation": p.conversation,
+            "case": record.case,
+            "tokens_before": record.tokens_before,
+            "tokens_after": record.tokens_after,
+        },
+    )
+    return outcome
+
+
+def compaction_event(record: CompactionRecord, reason: str) -> CompactionEvent:
+    return {
+        "case": record.case,  # type: ignore[typeddict-item]  # a COMPACTION_CASES member
+        "k": record.k,
+        "covered": record.covered,
+        "tokens_before": record.tokens_before,
+        "tokens_after": record.tokens_after,
+        "reason": reason[:300],
+        "confidence": record.confidence,
+        "duration_s": record.duration_s,
+        "llm_tokens": record.llm_tokens,
+        "prefix_hash": record.prefix_hash,
+        "facts_kept": len(record.facts_kept)
+        + len(record.facts_appended)
+        + len(record.facts_elsewhere),
+        "facts_dropped": len(record.facts_dropped),
+        "ts": time.time(),
+        "model": record.model,
+    }
+
+
+def emit(p: Prepared, event: Event) -> Flow[None]:
+    try:
+        yield Emit(p.tenant, p.conversation, event)
+    except StoreError:
+        pass  # metrics saw it; the conversation's event list misses one line
+
+
+def cooldown(env: Env, p: Prepared, *, soft: bool) -> Flow[None]:
+    s = env.settings
+    seconds = min(s.soft_cooldown_s, s.cooldown_s) if soft else s.cooldown_s
+    if seconds <= 0:
+        return
+    try:
+        yield Cooldown(p.tenant, p.conversation, seconds)
+    except StoreError:
+        pass  # without a cooldown the next request may try again: costly, not wrong
+
+
+def _cooling(p: Prepared) -> Flow[bool]:
+    key = conv_key("cool", p.tenant, p.conversation)
+    try:
+        got = yield Read(values=(key,))
+    except StoreError:
+        return False
+    return got.get(key) is not None
+
+
+def transcript_chars(model: str) -> int:
+    """What the summary model can read: half its context window (~4 characters a token)."""
+    window = context_window(model)
+    if not window:
+        return summarizer.DEFAULT_MAX_TRANSCRIPT_CHARS
+    return max(8_000, window * 2)

@@ -1,0 +1,250 @@
+"""One request, from the client's messages to what is forwarded, as a sans-I/O flow
+(DESIGN §2-§4): identify, read the conversation's state, substitute its record, count,
+decide; prune inline when over the trigger; compact inline (a ``CompactNow`` command) when the
+request would not fit otherwise; track stability and place cache marks.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.core import candidates, costs, planner, stability
+from proxy.core.commands import CompactNow, Compute, Flow, Read
+from proxy.core.controls import Controls, sampled
+from proxy.core.errors import StoreError
+from proxy.core.fingerprint import (
+    conversation_id,
+    earlier_conversation_id,
+    fingerprint,
+    fingerprints,
+    prefix_chain,
+)
+from proxy.core.flow_compact import persist
+from proxy.core.lookup import checkpoint_keys, record_from
+from proxy.core.messages import Message
+from proxy.core.modelmap import context_window, provider_family
+from proxy.core.prepared import Env, Prepared
+from proxy.core.records import CompactionRecord, conv_key
+from proxy.core.stability import StabilityState
+from proxy.core.view import reviewed, view
+
+log = logging.getLogger("compaction_proxy.compactor")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a front door knows about one request besides its messages."""
+
+    model: str
+    tenant: str
+    credential: str | None = None
+    conversation_header: str | None = None
+    summary_role: str | None = None
+    llm_model: str | None = None
+    controls: Controls = field(default_factory=Controls)
+    # Hash, count and substitute off the event loop (a huge history: ``Compute`` commands).
+    offload: bool = False
+    outside_cache_marks: int = 0  # the client's cache marks outside ``messages``
+    summary_joins: bool = False  # the summary is forwarded inside the next user turn
+    reserve_tokens: int = 0  # what the request needs besides its messages
+
+
+@dataclass(frozen=True)
+class Identity:
+    fps: list[bytes]
+    chain: list[bytes]
+    conversation: str
+    earlier: str | None
+    counts: list[int]
+
+
+@dataclass(frozen=True)
+class State:
+    """What the store holds about the conversation, as the request path needs it."""
+
+    record: CompactionRecord | None = None
+    cooling: bool = False
+    paused: bool = False
+    tracker: StabilityState | None = None
+    meta: Any = None  # the ledger's view of the conversation (``policy: cost`` only)
+
+
+def identify(env: Env, messages: list[Message], req: Request) -> Identity:
+    """Fingerprints, prefix chain, conversation id (and the session's earlier one, see
+    ``fingerprint.conversation_id``) and per-message token counts."""
+    fps = fingerprints(messages)
+    chain = prefix_chain(req.tenant, fps)
+    conversation = conversation_id(chain, messages, req.conversation_header)
+    earlier = earlier_conversation_id(chain, messages, req.conversation_header)
+    counts = env.counter.count_messages(messages, req.model, fps)
+    return Identity(fps, chain, conversation, earlier, counts)
+
+
+def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
+    """The record, cooldown, pause, stability tracker (the session's earlier one when this id
+    has none yet) and, for the cost policy, the ledger's view: two reads at most."""
+    t, conv, earlier = req.tenant, ident.conversation, ident.earlier
+    cool, pause = conv_key("cool", t, conv), conv_key("pause", t, conv)
+    stabs = tuple(conv_key("stab", t, c) for c in (conv, earlier) if c is not None)
+    meta = (conv_key("conv", t, conv),) if env.settings.policy == "cost" else ()
+    got = yield Read(values=(cool, pause, *stabs, *meta), lists=checkpoint_keys(t, conv, earlier))
+    record = yield from record_from(got, t, conv, earlier, ident.chain)
+    tracker = None
+    for key in stabs:
+        raw = got.get(key)
+        # The driver answers with the tracker it holds itself when its write is still queued.
+        tracker = raw if isinstance(raw, StabilityState) else StabilityState.from_json(raw)
+        if tracker is not None:
+            break
+    return State(
+        record,
+        cooling=got.get(cool) is not None,
+        paused=got.get(pause) is not None,
+        tracker=tracker,
+        meta=got.get(meta[0]) if meta else None,
+    )
+
+
+def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
+    """Identify, substitute, count and decide; compact inline when the decision says so."""
+    s = env.settings
+    controls = req.controls
+    bypass = controls.skip is not None
+    if req.offload:
+        ident = yield Compute(identify, (env, messages, req))
+    else:
+        ident = identify(env, messages, req)
+    state = State()
+    if not bypass and s.enabled:
+        try:
+            state = yield from read_state(env, req, ident)
+        except StoreError as exc:
+            log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
+
+    def substituted() -> Prepared:
+        return view(
+            env, messages, ident.counts, ident.chain, model=req.model, tenant=req.tenant,
+            credential=req.credential, conversation=ident.conversation, record=state.record,
+            summary_joins=req.summary_joins,
+        )  # fmt: skip
+
+    # Substitution walks the whole history too: off the loop for a huge one.
+    p = (yield Compute(substituted, ())) if req.offload else substituted()
+    p = p.but(
+        summary_role=req.summary_role or s.summary_role,
+        llm_model=req.llm_model or req.model,
+        shadow=controls.shadow,
+        reserve_tokens=req.reserve_tokens,
+        earlier_conversation=ident.earlier,
+        outside_cache_marks=req.outside_cache_marks,
+    )
+    if state.paused and not bypass:
+        controls = Controls("compaction paused for this conversation", "opt-out")
+        bypass = True
+    window = context_window(req.model)
+    if window:
+        # Room the request needs besides its messages (at most half the window, so that a
+        # client asking for the whole window as max_tokens still gets its messages through).
+        window = max(1, window - min(req.reserve_tokens, window // 2))
+
+    def decide(p: Prepared) -> Prepared:
+        decision = planner.decide(
+            p.forwarded_tokens, s, context_window=window, bypass=bypass,
+            cooling_down=state.cooling, pays=pays(env, p, state.meta),
+            shadow=controls.shadow, skip_reason=controls.skip,
+        )  # fmt: skip
+        return p.but(decision=decision)
+
+    p = decide(p)
+    if controls.shadow and not sampled(ident.conversation, s.shadow_sample_rate):
+        unsampled = planner.Decision("forward", "shadow mode: conversation not sampled", False)
+        p = p.but(decision=unsampled)
+    if bypass:
+        return p.but(case=controls.case, skipped=True)
+    if controls.shadow:
+        return p  # measured only: no inline work, no cache marks
+    if s.enabled and s.prune and p.forwarded_tokens > s.trigger_tokens:
+        # The cheapest tier first, inline: no LLM call, so no reason to wait for it.
+        d = p.decision
+        llm_next = d.action in ("background", "inline") and d.use_llm
+        pruned = candidates.verdict(
+            env, p, candidates.pruning(env, p, at_least=s.prune_clear_at_least), llm_next=llm_next
+        )
+        if pruned.record is not None:
+            stored = yield from persist(p, pruned)
+            assert stored.record is not None
+            p = decide(reviewed(env, p, stored.record))
+    if p.decision.action == "inline":
+        outcome = yield CompactNow(p)
+        if outcome.record is not None:
+            p = reviewed(env, p, outcome.record)
+    limit = p.decision.limit_tokens
+    if window and limit is not None and p.forwarded_tokens > window:
+        p = p.but(too_long=True)
+    if s.enabled:
+        if req.offload:
+            p = yield Compute(stabilise, (env, p, state.tracker, ident.fps))
+        else:
+            p = stabilise(env, p, state.tracker, ident.fps)
+    return p
+
+
+def pays(env: Env, p: Prepared, meta: Any) -> bool:
+    """``policy: cost``: whether compacting now is expected to save money overall."""
+    s = env.settings
+    if s.policy != "cost" or p.forwarded_tokens <= s.trigger_tokens:
+        return True
+    meta = meta if isinstance(meta, dict) else {}
+    requests = meta.get("requests", 0)
+    prompt = meta.get("prompt_tokens", 0)
+    cached = meta.get("cached_tokens", 0)
+    expected_after = min(
+        p.forwarded_tokens,
+        sum(p.forwarded_counts[: p.head_len]) + s.verbatim_window_tokens + s.summary_budget_tokens,
+    )
+    net = costs.expected_net_saving(
+        costs.prices_for(p.model),
+        forwarded_tokens=p.forwarded_tokens,
+        expected_after=expected_after,
+        cached_share=cached / prompt if prompt else 0.0,
+        horizon=max(1, min(int(requests), s.cost_horizon_requests)),
+        anthropic=provider_family(p.model) == "anthropic",
+        summary_tokens=s.summary_budget_tokens,
+    )
+    return net > 0
+
+
+def stabilise(
+    env: Env, p: Prepared, previous: StabilityState | None, original_fps: list[bytes]
+) -> Prepared:
+    """Track what stayed in place; on Anthropic-family models place cache breakpoints."""
+    head_len = p.head_len
+    _, summary_at = p.body_start()
+    if p.record is None:
+        fps = original_fps  # nothing substituted: the same messages
+    else:
+        fps = [
+            original_fps[o] if o is not None else fingerprint(m)
+            for o, m in zip(p.origins, p.forwarded, strict=True)
+        ]
+    items = stability.prompt_items(fps, head_len, summary_at)
+    record_hash = p.record.prefix_hash if p.record else None
+    state = stability.observe(previous, items, record_hash)
+    p = p.but(stability=state)
+    if provider_family(p.model) != "anthropic" or stability.has_cache_marks(p.original):
+        return p  # (the client manages its own cache breakpoints: never touch them)
+    budget = stability.MAX_BREAKPOINTS - p.outside_cache_marks
+    if budget <= 0:
+        return p
+    levels = stability.tiers(state, env.tiers)
+    # Not on a system message inside the conversation (Claude Code's): left as sent.
+    can_mark = [
+        stability.markable(m) and (i < head_len or m.get("role") != "system")
+        for i, m in enumerate(p.forwarded)
+    ]
+    marks = stability.breakpoints(levels, head_len, summary_at, can_mark, limit=budget)
+    if not marks:
+        return p
+    return p.but(forwarded=stability.with_marks(p.forwarded, marks), marked=True)

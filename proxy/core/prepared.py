@@ -1,0 +1,133 @@
+"""What the compaction flow works on and hands back: one request after identification and
+substitution (``Prepared``, immutable), and the result of one compaction attempt (``Outcome``).
+
+``Prepared`` is frozen: each step of the flow returns a new one (``dataclasses.replace``), so
+what a front door holds is exactly what was decided for it, whatever runs afterwards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.core import layout, planner
+from proxy.core.messages import Message, head_length
+from proxy.core.records import CompactionRecord, body_start
+from proxy.core.settings import CompactionSettings
+from proxy.core.stability import StabilityState, TierThresholds
+from proxy.core.tokens import TokenCounter
+
+
+@dataclass(frozen=True)
+class Prompts:
+    detector: str
+    summarizer: str
+
+
+@dataclass(frozen=True)
+class Env:
+    """What the flow reads besides the request: settings, prompts and the token counter."""
+
+    settings: CompactionSettings
+    prompts: Prompts
+    counter: TokenCounter
+    tiers: TierThresholds
+
+    @classmethod
+    def of(
+        cls, s: CompactionSettings, prompts: Prompts, counter: TokenCounter | None = None
+    ) -> Env:
+        tiers = TierThresholds(s.tier_l1_requests, s.tier_l2_requests, s.tier_l3_requests)
+        return cls(s, prompts, counter or TokenCounter(), tiers)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """One request after identification and substitution: what would be forwarded, and why."""
+
+    tenant: str
+    conversation: str
+    model: str
+    credential: str | None
+    original: list[Message]
+    original_counts: list[int]
+    chain: list[bytes]  # prefix hashes of ``original``: chain[k] names its first k messages
+    forwarded: list[Message]
+    forwarded_counts: list[int]
+    original_tokens: int
+    forwarded_tokens: int
+    record: CompactionRecord | None
+    decision: planner.Decision
+    case: str = "none"
+    compacted_now: bool = False
+    stability: StabilityState | None = None
+    marked: bool = False
+    summary_role: str = "system"
+    # The name the detector and summarizer are called with (a LiteLLM model group, say),
+    # when ``model`` is the underlying model used for token counts and prices.
+    llm_model: str = ""
+    # Shadow mode: ``forwarded`` is what would have been forwarded; the client's request
+    # goes upstream exactly as sent.
+    shadow: bool = False
+    skipped: bool = False  # bypassed or opted out: never compacted, forwarded as sent
+    # The id this session had before its first reply (see fingerprint.conversation_id).
+    earlier_conversation: str | None = None
+    outside_cache_marks: int = 0  # the client's cache marks outside the messages
+    summary_joins: bool = False  # the summary is forwarded inside the next user turn
+    # forwarded[i] forwards original[origins[i]], or stored bytes when None.
+    origins: list[int | None] = dataclasses.field(default_factory=list)
+    # Tokens the request spends besides its messages (tools, max_tokens), for the window guard.
+    reserve_tokens: int = 0
+    # Over the model's context window and nothing left that could be dropped.
+    too_long: bool = False
+
+    @property
+    def as_sent(self) -> bool:
+        """Whether the upstream must receive the client's request byte for byte."""
+        return self.shadow or self.skipped
+
+    @property
+    def changed(self) -> bool:
+        """Whether the forwarded messages differ from what the client sent."""
+        return not self.shadow and (self.record is not None or self.marked)
+
+    @property
+    def head_len(self) -> int:
+        """Leading system/developer messages, as the record fixed them (else as sent)."""
+        return self.record.head_len if self.record else head_length(self.original)
+
+    def view(self) -> layout.View:
+        return layout.View(
+            self.forwarded, self.origins, body_start(self.record), len(self.original)
+        )
+
+    def body_start(self) -> tuple[int, int | None]:
+        """Where the compactable body begins, and the earlier summary's index if there is one."""
+        earlier_at = layout.summary_position(self.view())
+        return (self.head_len if earlier_at is None else earlier_at + 1), earlier_at
+
+    def but(self, **changes: Any) -> Prepared:
+        """This request with ``changes`` (a new object: Prepared never changes in place)."""
+        return dataclasses.replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The result of one compaction attempt (a new record, or why there is none)."""
+
+    case: str
+    record: CompactionRecord | None
+    reason: str
+    failed: bool = False
+    reused: bool = False  # stored meanwhile by a concurrent attempt, not made by this one
+
+
+def nothing(reason: str, *, failed: bool = False) -> Outcome:
+    return Outcome("none", None, reason, failed)
+
+
+def unpinned(messages: Sequence[Message], found: Any, start: int, cut: int) -> list[Message]:
+    """The span ``[start, cut)`` without its pins (they are forwarded, not summarized)."""
+    return [messages[i] for i in range(start, cut) if i not in found]
