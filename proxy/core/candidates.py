@@ -14,7 +14,7 @@ from proxy.core import keyfacts, layout, lossreport, pins, planner, prune
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
 from proxy.core.records import CompactionRecord
-from proxy.core.types import Case
+from proxy.core.types import Case, CaseName
 from proxy.core.view import reviewed
 
 EMERGENCY_NOTE = (
@@ -92,7 +92,7 @@ def record_for(
     env: Env,
     p: Prepared,
     new: layout.Layout,
-    case: str,
+    case: CaseName,
     *,
     summary: Message | None,
     reason: str,
@@ -137,7 +137,7 @@ def build(
     p: Prepared,
     cut: int,
     text: str | None,
-    case: str,
+    case: CaseName,
     *,
     reason: str,
     confidence: float,

@@ -14,6 +14,7 @@ from fnmatch import fnmatchcase
 
 from proxy.core.messages import Message, text_of
 from proxy.core.settings import CompactionSettings
+from proxy.core.types import Case, CaseName
 
 # Phrases of the prompts with which clients compact their own history. A request carrying
 # one is the client summarizing its conversation: compacting it too would summarize twice.
@@ -36,7 +37,7 @@ class Controls:
     """What this request allows. ``skip`` names why it is forwarded exactly as sent."""
 
     skip: str | None = None
-    case: str = "none"  # the case label of a skipped request: off | opt-out | client-compaction
+    case: CaseName = Case.NONE  # a skipped request's: off | opt-out | client-compaction
     shadow: bool = False
 
 
@@ -104,13 +105,13 @@ def request_controls(
     """
     value = (header or "").strip().lower()
     if value == "off":
-        return Controls("bypassed by x-compaction: off", "off")
+        return Controls("bypassed by x-compaction: off", Case.OFF)
     if stateful:
-        return Controls("server-side conversation state", "off")
+        return Controls("server-side conversation state", Case.OFF)
     client = client_compaction(messages)
     if client is not None:
-        return Controls(f"the client compacts its own history ({client})", "client-compaction")
+        return Controls(f"the client compacts its own history ({client})", Case.CLIENT_COMPACTION)
     reason = opted_out(settings, tenant=tenant, tenant_name=tenant_name, model=model)
     if reason is not None:
-        return Controls(reason, "opt-out")
+        return Controls(reason, Case.OPT_OUT)
     return Controls(shadow=value == "shadow" or settings.mode == "shadow")

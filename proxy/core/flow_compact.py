@@ -20,7 +20,7 @@ from proxy.core.lookup import lookup
 from proxy.core.modelmap import context_window
 from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
 from proxy.core.records import CompactionRecord, conv_key
-from proxy.core.types import CompactionEvent, DetectorFailedEvent, Event, FailureEvent
+from proxy.core.types import Case, CompactionEvent, DetectorFailedEvent, Event, FailureEvent
 
 log = logging.getLogger("compaction_proxy.compactor")
 NOTHING_TO_CUT = "nothing to cut"
@@ -116,7 +116,7 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
     if earlier_at is not None:
         earlier = summarizer.strip_summary_header(str(fwd[earlier_at].get("content", "")))
     text: str | None = None
-    if case == "truncate":
+    if case == Case.TRUNCATE:
         if s.truncate_keeps_note:
             text = (
                 detection.summary or f"An earlier topic was set aside: {detection.boundary_reason}"
@@ -131,8 +131,8 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
             keyfacts.scaled_budget(s.key_references_max_chars, len(span_text)),
         ):
             # Truncation would lose facts the note cannot carry: summarize instead.
-            case, cut = "summarize", plan.verbatim_start
-    if case == "summarize":
+            case, cut = Case.SUMMARIZE, plan.verbatim_start
+    if case == Case.SUMMARIZE:
         span = unpinned(fwd, candidates.pins_for(env, p, body, cut), body, cut)
         model = s.summary_model or p.llm_model or p.model
         steps = summarizer.summarize(

@@ -12,9 +12,9 @@ from typing import Literal
 
 from proxy.core.messages import SUMMARY_PREFIX, Message, tool_results, tool_uses
 from proxy.core.settings import CompactionSettings
+from proxy.core.types import Case, CaseName
 
 Action = Literal["forward", "background", "inline"]
-Case = Literal["none", "summarize", "truncate", "emergency"]
 
 
 @dataclass(frozen=True)
@@ -234,7 +234,7 @@ def choose_case(
     boundary: int | None,
     confidence: float,
     settings: CompactionSettings,
-) -> tuple[Case, int]:
+) -> tuple[CaseName, int]:
     """Truncate at a confident topic boundary inside the verbatim window, else summarize.
 
     The boundary itself is compared with the verbatim start, before it is moved to a legal
@@ -248,8 +248,8 @@ def choose_case(
     ):
         legal = [c for c in plan.cuts if plan.body_start < c <= min(boundary, plan.latest_cut)]
         if legal and legal[-1] >= plan.verbatim_start:
-            return "truncate", legal[-1]
-    return "summarize", plan.verbatim_start
+            return Case.TRUNCATE, legal[-1]
+    return Case.SUMMARIZE, plan.verbatim_start
 
 
 def emergency_cut(

@@ -18,6 +18,7 @@ from proxy.core.records import CompactionRecord, body_start
 from proxy.core.settings import CompactionSettings
 from proxy.core.stability import StabilityState, TierThresholds
 from proxy.core.tokens import TokenCounter
+from proxy.core.types import Case, CaseName
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class Prepared:
     forwarded_tokens: int
     record: CompactionRecord | None
     decision: planner.Decision
-    case: str = "none"
+    case: CaseName = Case.NONE
     compacted_now: bool = False
     stability: StabilityState | None = None
     marked: bool = False
@@ -117,7 +118,7 @@ class Prepared:
 class Outcome:
     """The result of one compaction attempt (a new record, or why there is none)."""
 
-    case: str
+    case: CaseName
     record: CompactionRecord | None
     reason: str
     failed: bool = False
@@ -125,7 +126,7 @@ class Outcome:
 
 
 def nothing(reason: str, *, failed: bool = False) -> Outcome:
-    return Outcome("none", None, reason, failed)
+    return Outcome(Case.NONE, None, reason, failed)
 
 
 def unpinned(messages: Sequence[Message], found: Any, start: int, cut: int) -> list[Message]:

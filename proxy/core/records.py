@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from proxy.core.messages import Message
+from proxy.core.types import COMPACTION_CASES, CaseName
 
 MAX_CHECKPOINTS = 64
 
@@ -43,7 +44,7 @@ class CompactionRecord:
     prefix_hash: str
     head_len: int
     summary: Message | None
-    case: str
+    case: CaseName  # one of COMPACTION_CASES
     covered: int
     created_at: float
     tokens_before: int = 0
@@ -83,6 +84,8 @@ class CompactionRecord:
         ):
             return None
         if record.prefix is not None and not _valid_prefix(record.prefix, record.k):
+            return None
+        if record.case not in COMPACTION_CASES:
             return None
         return record
 

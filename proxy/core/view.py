@@ -11,6 +11,7 @@ from proxy.core.messages import Message
 from proxy.core.prepared import Env, Prepared
 from proxy.core.records import CompactionRecord, origins, substitute
 from proxy.core.tokens import TOKENS_PER_MESSAGE
+from proxy.core.types import Case
 
 
 def view(
@@ -52,7 +53,7 @@ def view(
         forwarded_tokens=sum(fwd_counts) + 3,
         record=record,
         decision=planner.Decision("forward", "not decided"),
-        case=record.case if record else "none",
+        case=record.case if record else Case.NONE,
         summary_joins=summary_joins,
         origins=where,
     )
