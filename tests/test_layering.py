@@ -75,3 +75,58 @@ def test_the_litellm_hook_does_not_import_the_server() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "False"]
+
+
+def _imports(path: Path) -> set[str]:
+    """Project modules ``path`` imports at module level (not under TYPE_CHECKING)."""
+    import ast
+
+    found: set[str] = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [f"{node.module}.{a.name}" for a in node.names]
+            found.update(n if _module_path(n) else node.module for n in names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.split(".")[0] in ("proxy", "hooks") and _module_path(m)}
+
+
+def _module_path(name: str) -> Path | None:
+    base = ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def test_no_import_cycles() -> None:
+    """compactor, ledger and writer once imported each other: no module may reach itself."""
+    modules = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts): p
+        for top in ("proxy", "hooks")
+        for p in (ROOT / top).rglob("*.py")
+        if p.name != "__init__.py"
+    }
+    graph = {m: _imports(p) & set(modules) for m, p in modules.items()}
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for nxt in graph[node]:
+                if nxt == start:
+                    cycles.append(" -> ".join([*path, nxt]))
+                elif nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*path, nxt]))
+    assert not cycles, cycles[:5]
+
+
+def test_no_file_is_over_400_lines() -> None:
+    long = {
+        str(p.relative_to(ROOT)): n
+        for top in ("proxy", "hooks")
+        for p in (ROOT / top).rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > 400
+    }
+    assert not long, long
