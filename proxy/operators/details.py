@@ -19,9 +19,9 @@ from proxy.core.records import (
     substitute,
 )
 from proxy.core.tokens import TokenCounter
-from proxy.operators.queries import COMPACTION_CASES, FAILURE_CASES, _derive, conversation_id
-
-KEY_REFERENCES = "\n\nKey references: "  # how proxy.keyfacts.guard appends lost facts
+from proxy.core.types import CompactionEvent
+from proxy.operators.events import Failed, read_events, split
+from proxy.operators.queries import conversation_id, derive
 
 
 def _current_record(
@@ -83,69 +83,61 @@ def histories(store: Store, counter: TokenCounter, tenant: str, conv: str) -> di
     }
 
 
-def key_references(summary: str) -> list[str]:
-    """The facts the key-facts guard appended to a summary (its ``Key references:`` line)."""
-    at = summary.rfind(KEY_REFERENCES)
-    if at < 0:
-        return []
-    return [f for f in summary[at + len(KEY_REFERENCES) :].strip().split("; ") if f]
-
-
-def loss_report(
-    summary: str | None,
-    kept: list[str],
-    dropped: list[str],
-    elsewhere: list[str] | None = None,
-) -> dict[str, Any]:
-    """Key facts of the replaced span: kept by the summary in its own words, appended to it as
-    key references, still in the rest of the forwarded context (head, pins, verbatim part),
-    and dropped (found nowhere in what was forwarded when the compaction was made)."""
-    text = summary or ""
-    appended = key_references(text)
+def _compaction(store: Store, tenant: str, conv: str, event: CompactionEvent) -> dict[str, Any]:
+    """One compaction as the core recorded it: the event's figures, and from its record the
+    summary, the loss report (facts kept by the summary, appended to it as key references,
+    still elsewhere in the forwarded context, dropped) and the agent lists."""
+    prefix_hash = event["prefix_hash"]
+    record = (
+        CompactionRecord.from_json(store.get(conv_key("rec", tenant, conv) + ":" + prefix_hash))
+        if prefix_hash
+        else None
+    )
+    summary = record.summary if record is not None else None
     return {
-        "facts_kept": kept,
-        "facts_appended": appended,
-        "facts_elsewhere": list(elsewhere or []),
-        "facts_dropped": [f for f in dropped if f not in text],
-    }
-
-
-def _compaction(store: Store, tenant: str, conv: str, event: dict[str, Any]) -> dict[str, Any]:
-    record: dict[str, Any] = {}
-    prefix_hash = event.get("prefix_hash")
-    if isinstance(prefix_hash, str):
-        raw = store.get(conv_key("rec", tenant, conv) + ":" + prefix_hash)
-        record = raw if isinstance(raw, dict) else {}
-    summary = record.get("summary")
-    text = summary.get("content") if isinstance(summary, dict) else None
-    return {
-        "ts": event.get("ts"),
-        "case": event.get("case"),
-        "model": event.get("model"),
-        "k": event.get("k"),
-        "covered": event.get("covered"),
-        "tokens_before": event.get("tokens_before"),
-        "tokens_after": event.get("tokens_after"),
-        "duration_s": event.get("duration_s"),
-        "llm_tokens": event.get("llm_tokens"),
-        "reason": event.get("reason"),
-        "boundary_reason": record.get("boundary_reason", ""),
-        "confidence": record.get("confidence", event.get("confidence")),
-        "summary": text,
-        "summary_role": summary.get("role") if isinstance(summary, dict) else None,
-        **loss_report(
-            text,
-            list(record.get("facts_kept") or []),
-            list(record.get("facts_dropped") or []),
-            list(record.get("facts_elsewhere") or []),
-        ),
+        "ts": event["ts"],
+        "case": event["case"],
+        "model": event["model"],
+        "k": event["k"],
+        "covered": event["covered"],
+        "tokens_before": event["tokens_before"],
+        "tokens_after": event["tokens_after"],
+        "duration_s": event["duration_s"],
+        "llm_tokens": event["llm_tokens"],
+        "reason": event["reason"],
+        "boundary_reason": record.boundary_reason if record else "",
+        "confidence": record.confidence if record else event["confidence"],
+        "summary": summary["content"] if summary else None,
+        "summary_role": summary.get("role") if summary else None,
+        "facts_kept": list(record.facts_kept) if record else [],
+        "facts_appended": list(record.facts_appended) if record else [],
+        "facts_elsewhere": list(record.facts_elsewhere) if record else [],
+        "facts_dropped": list(record.facts_dropped) if record else [],
         # Agent sessions: what pruning cleared, what stayed pinned, what was too large to pin.
-        "pruned": list(record.get("pruned") or []),
-        "pinned": list(record.get("pinned") or []),
-        "unpinned": list(record.get("unpinned") or []),
-        "record_available": bool(record),
-        "prefix_hash": prefix_hash,
+        "pruned": list(record.pruned) if record else [],
+        "pinned": list(record.pinned) if record else [],
+        "unpinned": list(record.unpinned) if record else [],
+        "record_available": record is not None,
+        "prefix_hash": prefix_hash or None,
     }
+
+
+def _failure(event: Failed) -> dict[str, Any]:
+    soft = event["soft"] if event["case"] == "failed" else False
+    return {
+        "ts": event["ts"],
+        "case": event["case"],
+        "error": event["error"],
+        "soft": soft,
+        "model": event["model"],
+    }
+
+
+_REQUEST_FIELDS = (
+    "ts", "case", "status", "model", "route", "original_messages", "forwarded_messages",
+    "original_tokens", "forwarded_tokens", "saved_tokens", "prompt_tokens", "cached_tokens",
+    "completion_tokens", "latency_s", "overhead_s", "shadow",
+)  # fmt: skip
 
 
 def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
@@ -158,23 +150,10 @@ def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
     # Ledger writes run after each response and may land out of order: sort by time.
     requests = [r for r in get_list(store, conv_key("req", tenant, conv)) if isinstance(r, dict)]
     requests.sort(key=lambda r: r.get("ts") or 0)
-    events = [e for e in get_list(store, conv_key("ev", tenant, conv)) if isinstance(e, dict)]
-    events.sort(key=lambda e: e.get("ts") or 0)
-    compactions = [
-        _compaction(store, tenant, conv, e) for e in events if e.get("case") in COMPACTION_CASES
-    ]
-    failures = [
-        {
-            "ts": e.get("ts"),
-            "case": e.get("case"),
-            "error": e.get("error"),
-            "soft": bool(e.get("soft")),
-            "model": e.get("model"),
-        }
-        for e in events
-        if e.get("case") in FAILURE_CASES
-    ]
-    summary = _derive(meta)
+    done, failed = split(read_events(store, tenant, conv))
+    compactions = [_compaction(store, tenant, conv, e) for e in done]
+    failures = [_failure(e) for e in failed]
+    summary = derive(meta)
     summary.update(compactions=len(compactions), failures=len(failures))
     summary["paused"] = store.get(conv_key("pause", tenant, conv)) is not None
     return {
@@ -182,30 +161,7 @@ def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
         "tenant": tenant,
         "conversation": conv,
         "meta": summary,
-        "requests": [
-            {
-                k: r.get(k)
-                for k in (
-                    "ts",
-                    "case",
-                    "status",
-                    "model",
-                    "route",
-                    "original_messages",
-                    "forwarded_messages",
-                    "original_tokens",
-                    "forwarded_tokens",
-                    "saved_tokens",
-                    "prompt_tokens",
-                    "cached_tokens",
-                    "completion_tokens",
-                    "latency_s",
-                    "overhead_s",
-                    "shadow",
-                )
-            }  # fmt: skip
-            for r in requests
-        ],
+        "requests": [{k: r.get(k) for k in _REQUEST_FIELDS} for r in requests],
         "compactions": compactions,
         "failures": failures,
     }

@@ -15,6 +15,7 @@ from proxy.adapters.store import Store, get_list
 from proxy.core import costs
 from proxy.core.errors import StoreError
 from proxy.core.records import conv_key
+from proxy.core.types import Case
 from proxy.operators.entry import RequestEntry as RequestEntry
 from proxy.operators.entry import usage_numbers as usage_numbers
 
@@ -53,8 +54,8 @@ def _add(totals: dict[str, Any], entry: RequestEntry) -> dict[str, Any]:
         shadow["forwarded_tokens"] = shadow.get("forwarded_tokens", 0) + entry.forwarded_tokens
         shadow["saved_tokens"] = shadow.get("saved_tokens", 0) + entry.would_save_tokens
         shadow["saved_usd"] = shadow.get("saved_usd", 0.0) + entry.would_save_usd()
-    if entry.case in ("opt-out", "client-compaction"):
-        key = "client_compactions" if entry.case == "client-compaction" else "opted_out"
+    if entry.case in (Case.OPT_OUT, Case.CLIENT_COMPACTION):
+        key = "client_compactions" if entry.case == Case.CLIENT_COMPACTION else "opted_out"
         totals[key] = totals.get(key, 0) + 1
     totals["prompt_tokens"] = totals.get("prompt_tokens", 0) + entry.prompt_tokens
     totals["cached_tokens"] = totals.get("cached_tokens", 0) + entry.cached_tokens
@@ -289,7 +290,7 @@ def record_compaction(
         meta["llm_tokens"] = meta.get("llm_tokens", 0) + llm_tokens
         meta["llm_usd"] = meta.get("llm_usd", 0.0) + llm_usd
         by_case = meta.setdefault("compactions_by_case", {})
-        by_case[case] = by_case.get(case, 0) + 1
+        by_case[str(case)] = by_case.get(str(case), 0) + 1  # a JSON key: a plain string
         if per_conversation:
             tracked = meta.setdefault("by_compaction", {})
             per = tracked.setdefault(record, {})

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from prometheus_client import (
@@ -33,6 +34,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from proxy.core.modelmap import model_info
+from proxy.core.types import COMPACTION_CASES, Case, Failure
+from proxy.operators.events import as_event
 
 log = logging.getLogger("compaction_proxy.metrics")
 
@@ -42,7 +45,6 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Model names come from clients: past this many distinct names a process reports "other",
 # so a client cannot grow the number of series without bound.
 MAX_MODEL_LABELS = 64
-COMPACTION_CASES = ("summarize", "truncate", "emergency", "failed")
 FAILURE_PURPOSES = ("detector", "summarizer")
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -121,7 +123,8 @@ class Metrics:
         )
         self.compactions = Counter(
             f"{PREFIX}_compactions",
-            "Compactions by case (summarize, truncate, emergency; failed when none resulted).",
+            "Compactions by case (prune, truncate, summarize, emergency; failed when none "
+            "resulted).",
             ["case"],
             registry=r,
         )
@@ -187,12 +190,12 @@ class Metrics:
             registry=r,
         )
         # Known label values start at zero, so every series exists before its first event.
-        for case in COMPACTION_CASES:
+        self.compactions.labels(Failure.FAILED)
+        for case in sorted(COMPACTION_CASES):
             self.compactions.labels(case)
-            if case != "failed":
-                self.compaction_duration.labels(case)
-                self.facts_kept.labels(case)
-                self.facts_dropped.labels(case)
+            self.compaction_duration.labels(case)
+            self.facts_kept.labels(case)
+            self.facts_dropped.labels(case)
         for purpose in FAILURE_PURPOSES:
             self.failures.labels(purpose)
 
@@ -219,9 +222,9 @@ class Metrics:
         Tokens are counted for every prepared request whatever its status, like the ledger.
         """
         try:
-            case = prepared.case if prepared is not None else "error"
+            case = prepared.case if prepared is not None else Case.ERROR
             if prepared is not None and prepared.shadow:
-                case = "shadow"
+                case = Case.SHADOW
             self.requests.labels(route, case, str(status)).inc()
             self.upstream_latency.labels(route).observe(max(latency - overhead, 0.0))
             self.overhead.labels(route).observe(max(overhead, 0.0))
@@ -259,40 +262,38 @@ class Metrics:
         try:
             if failed_purpose is not None:
                 self.failures.labels(failed_purpose).inc()
-            if case in ("summarize", "truncate", "emergency"):
+            if case in COMPACTION_CASES:
                 self.compactions.labels(case).inc()
                 if duration_s is not None:
                     self.compaction_duration.labels(case).observe(max(duration_s, 0.0))
-            elif case == "failed":
-                self.compactions.labels("failed").inc()
+            elif case == Failure.FAILED:
+                self.compactions.labels(Failure.FAILED).inc()
         except Exception:
             log.exception("metrics: observe_compaction failed")
 
-    def observe_event(self, event: dict[str, Any]) -> None:
-        """The compactor's ``on_event`` callback: its events as metrics.
-
-        Events: ``{"case": summarize|truncate|emergency, "duration_s": ...}`` for a stored
-        record; ``{"case": "failed"}`` when the summarizer failed (the detector is optional and
-        reports ``{"case": "detector_failed"}`` on its own).
-        """
-        case = str(event.get("case", ""))
-        duration = event.get("duration_s")
-        duration_s = float(duration) if isinstance(duration, int | float) else None
-        if case == "detector_failed":
-            self.observe_compaction("none", None, "detector")
-        elif case == "failed":
-            self.observe_compaction("failed", None, "summarizer")
+    def observe_event(self, event: Mapping[str, object]) -> None:
+        """The compactor's ``on_event`` callback: its events (``proxy.core.types.Event``) as
+        metrics. A stored compaction counts by case with its duration and loss report; a
+        failed summarizer counts as ``failed``; a failed detector only as a detector failure
+        (the summarizer still ran). Anything else is ignored."""
+        parsed = as_event(event)
+        if parsed is None:
+            return
+        if parsed["case"] == "detector_failed":
+            self.observe_compaction(Case.NONE, None, "detector")
+        elif parsed["case"] == "failed":
+            self.observe_compaction(Failure.FAILED, None, "summarizer")
         else:
-            self.observe_compaction(case, duration_s)
-            self.observe_facts(case, event.get("facts_kept"), event.get("facts_dropped"))
+            self.observe_compaction(parsed["case"], parsed["duration_s"])
+            self.observe_facts(parsed["case"], parsed["facts_kept"], parsed["facts_dropped"])
 
-    def observe_facts(self, case: str, kept: Any, dropped: Any) -> None:
+    def observe_facts(self, case: str, kept: int, dropped: int) -> None:
         """One compaction's loss report, as counts."""
         try:
-            if case in ("summarize", "truncate", "emergency"):
-                if isinstance(kept, int) and kept > 0:
+            if case in COMPACTION_CASES:
+                if kept > 0:
                     self.facts_kept.labels(case).inc(kept)
-                if isinstance(dropped, int) and dropped > 0:
+                if dropped > 0:
                     self.facts_dropped.labels(case).inc(dropped)
         except Exception:
             log.exception("metrics: observe_facts failed")

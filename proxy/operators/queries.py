@@ -12,13 +12,13 @@ import re
 import time
 from typing import Any
 
-from proxy.adapters.store import Store, get_list
+from proxy.adapters.store import Store
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.records import conv_key
+from proxy.core.types import CompactionEvent
+from proxy.operators.events import read_events, split
 from proxy.operators.ledger import TOTALS_KEY
 
-COMPACTION_CASES = frozenset({"summarize", "truncate", "emergency"})
-FAILURE_CASES = frozenset({"failed", "detector_failed"})
 SORT_KEYS = frozenset(
     {
         "last_seen", "first_seen", "requests", "messages", "original_tokens",
@@ -39,7 +39,7 @@ def _ratio(part: float, whole: float) -> float:
     return part / whole if whole else 0.0
 
 
-def _derive(totals: dict[str, Any]) -> dict[str, Any]:
+def derive(totals: dict[str, Any]) -> dict[str, Any]:
     """Percentages from the raw sums: % saved (of original tokens) and cache-hit rate."""
     out = dict(totals)
     for key in (
@@ -75,10 +75,10 @@ def _derive(totals: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _scan(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _scan(store: Store) -> tuple[list[dict[str, Any]], list[CompactionEvent]]:
     """Every conversation's meta (with its compaction count) and every compaction event."""
     conversations: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
+    events: list[CompactionEvent] = []
     for key in store.keys("conv:"):
         meta = store.get(key)
         if not isinstance(meta, dict):
@@ -86,16 +86,15 @@ def _scan(store: Store) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         tenant, _, conv = key[len("conv:") :].partition(":")
         tenant = str(meta.get("tenant") or tenant)
         conv = str(meta.get("conversation") or conv)
-        evs = [e for e in get_list(store, conv_key("ev", tenant, conv)) if isinstance(e, dict)]
-        done = [e for e in evs if e.get("case") in COMPACTION_CASES]
+        done, failed = split(read_events(store, tenant, conv))
         events.extend(done)
-        row = _derive(meta)
+        row = derive(meta)
         row.update(
             id=conversation_id(tenant, conv),
             tenant=tenant,
             conversation=conv,
             compactions=len(done),
-            failures=sum(1 for e in evs if e.get("case") in FAILURE_CASES),
+            failures=len(failed),
         )
         conversations.append(row)
     return conversations, events
@@ -113,27 +112,25 @@ def stats(store: Store, hours: int = 48, now: float | None = None) -> dict[str, 
     now = time.time() if now is None else now
     hours = max(1, min(hours, MAX_HOURS))
     raw = store.get(TOTALS_KEY)
-    totals = _derive(raw if isinstance(raw, dict) else {})
+    totals = derive(raw if isinstance(raw, dict) else {})
     conversations, events = _scan(store)
     totals["compactions"] = len(events)
     totals["conversations"] = len(conversations)
     totals["tenants"] = len({c["tenant"] for c in conversations})
     totals["compaction_failures"] = sum(c["failures"] for c in conversations)
     # The loss reports, summed: facts of replaced spans still forwarded, and facts lost.
-    totals["facts_kept"] = sum(int(e.get("facts_kept") or 0) for e in events)
-    totals["facts_dropped"] = sum(int(e.get("facts_dropped") or 0) for e in events)
+    totals["facts_kept"] = sum(e["facts_kept"] for e in events)
+    totals["facts_dropped"] = sum(e["facts_dropped"] for e in events)
     by_hour: dict[str, int] = {}
     for event in events:
-        ts = event.get("ts")
-        if isinstance(ts, int | float):
-            by_hour[_hour_key(ts)] = by_hour.get(_hour_key(ts), 0) + 1
+        by_hour[_hour_key(event["ts"])] = by_hour.get(_hour_key(event["ts"]), 0) + 1
     start = int(now // 3600 - hours + 1) * 3600
     series = []
     for i in range(hours):
         ts = start + i * 3600
         key = _hour_key(ts)
         entry = store.get(f"hour:{key}")
-        row = _derive(entry if isinstance(entry, dict) else {})
+        row = derive(entry if isinstance(entry, dict) else {})
         row.update(hour=key, ts=ts, compactions=by_hour.get(key, 0))
         series.append(row)
     return {"totals": totals, "hourly": series, "generated_at": now}
