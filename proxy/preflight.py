@@ -28,8 +28,13 @@ class Finding:
 
 
 def data_finding() -> Finding:
-    """LiteLLM's model map and tokenizer files, which the proxy reads offline."""
-    from proxy.core import tokens  # builds encodings: only when asked
+    """LiteLLM's model map and tokenizer files, which the proxy reads offline.
+
+    The files are checked against the sha256 tiktoken expects, not built: ``serve`` runs this
+    in the process that then serves, where an encoding built only to be checked would stay
+    resident (13 MiB for p50k_base, which few models use) - see docs/benchmarks.md.
+    """
+    from proxy.core import tokens
 
     pkg = litellm_package_dir()
     if pkg is None:
@@ -45,7 +50,7 @@ def data_finding() -> Finding:
         )
     for name in ENCODINGS:
         try:
-            tokens.encoding_by_name(name)
+            tokens.verify_encoding_files(name)
         except (OSError, ValueError) as exc:
             return Finding(
                 "tokenizer and model-map data",

@@ -112,7 +112,7 @@ def test_provider_family(model: str, family: str) -> None:
 
 def test_does_not_import_litellm() -> None:
     code = (
-        "import sys; from proxy.modelmap import context_window; "
+        "import sys; from proxy.core.modelmap import context_window; "
         "assert context_window('gpt-4o'); assert 'litellm' not in sys.modules"
     )
     subprocess.run(

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import shutil
 import subprocess
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,43 @@ def test_one_bad_entry_never_loses_the_others(tmp_path: Path) -> None:
     assert store.get(conv_key("orig", tenant, "bad")) is None
     assert store.get(ledger.TOTALS_KEY)["requests"] == 3
     assert store.get("st:a") == {"ok": 1} and store.get("st:b") == {"ok": 2}
+    store.close()
+
+
+def test_a_queued_history_is_let_go_once_a_newer_one_is_queued(tmp_path: Path) -> None:
+    """Only a conversation's newest history is stored, so the writer does not hold the
+    older ones until its flush (memory: docs/benchmarks.md); every request still counts."""
+
+    class History(list[dict[str, str]]):  # a list that can be weakly referenced
+        pass
+
+    store = DiskStore(tmp_path / "store")
+    now = time.time()
+    first = {"role": "user", "content": "first"}
+    newer = [first, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "2"}]
+    other = [{"role": "user", "content": "another conversation"}]
+
+    async def run() -> None:
+        writer = BatchWriter(store, retention_s=None, interval_s=60)
+        older = History([first])
+        gone = weakref.ref(older)
+        writer.record(_entry("a", now), older)
+        del older
+        writer.record(_entry("b", now), other)
+        gc.collect()
+        assert gone() is not None  # still the newest history of its conversation
+        writer.record(_entry("a", now + 1), newer)
+        gc.collect()
+        assert gone() is None  # let go before the flush
+        await writer.flush()
+
+    asyncio.run(run())
+    tenant = "t" * 32
+    assert store.get(conv_key("conv", tenant, "a"))["requests"] == 2
+    assert len(store.get(conv_key("req", tenant, "a"))) == 2
+    assert store.get(conv_key("orig", tenant, "a")) == newer
+    assert store.get(conv_key("orig", tenant, "b")) == other
+    assert store.get(ledger.TOTALS_KEY)["requests"] == 3
     store.close()
 
 

@@ -119,6 +119,34 @@ def test_encodings_match_official_tiktoken(name: str, reference: dict) -> None:
         assert enc.encode(text, disallowed_special=()) == reference[name][text], text
 
 
+def test_an_encoding_round_trips_with_its_python_ranks_released() -> None:
+    # The built encoding lets go of its Python copy of the ranks (memory); the Rust core
+    # has its own, so encoding and decoding are unaffected.
+    enc = tokens._encoding("o200k_base")
+    assert enc._mergeable_ranks == {}
+    for text in SAMPLES:
+        ids = enc.encode(text, disallowed_special=())
+        assert enc.decode(ids) == text
+    assert enc.n_vocab > 200_000
+
+
+def test_verifying_the_files_checks_presence_and_hash(tmp_path: Path, monkeypatch) -> None:
+    pkg = litellm_package_dir()
+    assert pkg is not None
+    for name in ("o200k_base", "cl100k_base", "p50k_base"):
+        tokens.verify_encoding_files(name)
+    files = tmp_path / "litellm_core_utils" / "tokenizers"
+    files.mkdir(parents=True)
+    monkeypatch.setattr(tokens, "litellm_package_dir", lambda: tmp_path)
+    with pytest.raises(FileNotFoundError):
+        tokens.verify_encoding_files("p50k_base")
+    for real in (pkg / "litellm_core_utils" / "tokenizers").iterdir():
+        if real.is_file() and len(real.name) == 40:  # named by the sha1 of tiktoken's URL
+            (files / real.name).write_bytes(real.read_bytes()[:-10])  # truncated: damaged
+    with pytest.raises(ValueError, match="expected hash"):
+        tokens.verify_encoding_files("p50k_base")
+
+
 @pytest.mark.parametrize(
     ("model", "encoding"),
     [

@@ -58,18 +58,8 @@ def litellm_package_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-@functools.cache
-def _model_map() -> dict[str, dict[str, Any]]:
-    """The raw map, loaded once. Empty (with a warning) if litellm's file is missing."""
-    pkg = litellm_package_dir()
-    path = pkg / _MAP_FILE if pkg else None
-    if path is None or not path.is_file():
-        logger.warning("LiteLLM model map not found (%s); model facts unavailable", path)
-        return {}
-    with path.open("rb") as f:
-        raw = json.load(f)
-    # "sample_spec" documents the schema; its values are prose, not facts.
-    return {k: v for k, v in raw.items() if isinstance(v, dict) and k != "sample_spec"}
+# What the proxy reads of an entry: ModelInfo's fields after ``name``, in order.
+_Entry = tuple[str | None, int | None, float | None, float | None, float | None, float | None]
 
 
 def _int(value: Any) -> int | None:
@@ -80,6 +70,34 @@ def _float(value: Any) -> float | None:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     return None
+
+
+def _entry(raw: dict[str, Any]) -> _Entry:
+    provider = raw.get("litellm_provider")
+    return (
+        provider if isinstance(provider, str) else None,
+        _int(raw.get("max_input_tokens")) or _int(raw.get("max_tokens")),
+        _float(raw.get("input_cost_per_token")),
+        _float(raw.get("output_cost_per_token")),
+        _float(raw.get("cache_read_input_token_cost")),
+        _float(raw.get("cache_creation_input_token_cost")),
+    )
+
+
+@functools.cache
+def _model_map() -> dict[str, _Entry]:
+    """The map, loaded once, each entry reduced to what ``ModelInfo`` reads: the whole file
+    parsed is about 4 MiB of objects that would otherwise live as long as the process.
+    Empty (with a warning) if litellm's file is missing."""
+    pkg = litellm_package_dir()
+    path = pkg / _MAP_FILE if pkg else None
+    if path is None or not path.is_file():
+        logger.warning("LiteLLM model map not found (%s); model facts unavailable", path)
+        return {}
+    with path.open("rb") as f:
+        raw = json.load(f)
+    # "sample_spec" documents the schema; its values are prose, not facts.
+    return {k: _entry(v) for k, v in raw.items() if isinstance(v, dict) and k != "sample_spec"}
 
 
 def _candidates(model: str) -> Iterator[str]:
@@ -108,18 +126,8 @@ def model_info(model: str) -> ModelInfo | None:
     table = _model_map()
     for name in _candidates(model.strip()):
         entry = table.get(name)
-        if entry is None:
-            continue
-        provider = entry.get("litellm_provider")
-        return ModelInfo(
-            name=name,
-            provider=provider if isinstance(provider, str) else None,
-            max_input_tokens=_int(entry.get("max_input_tokens")) or _int(entry.get("max_tokens")),
-            input_cost_per_token=_float(entry.get("input_cost_per_token")),
-            output_cost_per_token=_float(entry.get("output_cost_per_token")),
-            cache_read_input_token_cost=_float(entry.get("cache_read_input_token_cost")),
-            cache_creation_input_token_cost=_float(entry.get("cache_creation_input_token_cost")),
-        )
+        if entry is not None:
+            return ModelInfo(name, *entry)
     return None
 
 
