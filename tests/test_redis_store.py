@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.adapters.store import RedisStore, get_list, open_store
+from proxy.adapters.store import DiskStore, RedisStore, get_list, open_store
 from proxy.core.errors import StoreError
 from tests.checks import INLINE, assert_forwarded_faithful, summary_index
 from tests.conversations import drive_conversation
@@ -77,6 +77,36 @@ def test_redis_store_operations(redis_url: str) -> None:
     assert store.update("u", lambda v: (v or 0) + 1) == 1
     assert "events" in set(store.keys("ev"))
     store.close()
+
+
+def test_sorted_sets_read_the_same_from_redis_and_disk(redis_url: str, tmp_path: Path) -> None:
+    # The operators' indexes (proxy.operators.index) use these on both backends.
+    stores = [open_store(redis_url), DiskStore(tmp_path / "disk")]
+    for store in stores:
+        store.delete("ix:test")
+        store.zadd("ix:test", {"b": 2.0, "a": 2.0, "c": 3.5, "d": 1.0})
+        store.zadd("ix:test", {"d": 4.0})  # a member's score is replaced, never duplicated
+        store.zrem("ix:test", ["c", "missing"])
+    reads = [
+        (
+            s.zcard("ix:test"),
+            s.zrange("ix:test"),
+            s.zrange("ix:test", 1, 2, desc=True),
+            s.zrange("ix:test", 0, 10, max_score=2.0),
+            s.zrange("ix:test", 5, 10),
+        )
+        for s in stores
+    ]
+    assert reads[0] == reads[1]
+    assert reads[0] == (
+        3,
+        [("a", 2.0), ("b", 2.0), ("d", 4.0)],
+        [("b", 2.0), ("a", 2.0)],
+        [("a", 2.0), ("b", 2.0)],
+        [],
+    )
+    for store in stores:
+        store.close()
 
 
 def _bump(url: str, n: int) -> None:

@@ -10,6 +10,9 @@ Behaviour every backend guarantees:
   across processes (and replicas with Redis) - it is the lock primitive.
 - ``incr`` is an atomic add of a number; ``append`` an atomic list append that keeps the
   newest ``max_items``.
+- ``zadd``/``zrem``/``zrange``/``zcard``: sorted sets (member -> score), each call atomic;
+  ``zrange`` reads one page in score order (ties in member order). They never expire: their
+  writer removes old members (the operators' indexes, ``proxy.operators.index``).
 - A full disk or a lost connection raises ``StoreError``; callers fail open on it.
 """
 
@@ -18,13 +21,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
 import orjson
 
+from proxy.adapters.sortedsets import SortedSets
 from proxy.core.errors import StoreError
 
 log = logging.getLogger("compaction_proxy.store")
@@ -48,6 +52,18 @@ class Store(Protocol):
     ) -> None: ...
     def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any: ...
     def keys(self, prefix: str) -> Iterator[str]: ...
+    def zadd(self, key: str, scores: Mapping[str, float]) -> None: ...
+    def zrem(self, key: str, members: Sequence[str]) -> None: ...
+    def zrange(
+        self,
+        key: str,
+        offset: int = 0,
+        limit: int = -1,
+        *,
+        desc: bool = False,
+        max_score: float | None = None,
+    ) -> list[tuple[str, float]]: ...
+    def zcard(self, key: str) -> int: ...
     def close(self) -> None: ...
 
 
@@ -90,10 +106,11 @@ class DiskStore:
             self._cache = diskcache.Cache(
                 str(path), size_limit=size_limit, eviction_policy="least-recently-stored"
             )
+            self._sets = SortedSets(path / "index.db")
         except self._errors as exc:
             raise StoreError(f"cannot open store at {path}: {exc}") from exc
         for name in os.listdir(path):
-            if name.startswith("cache.db"):
+            if name.startswith(("cache.db", "index.db")):
                 os.chmod(path / name, 0o600)
 
     def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -157,7 +174,33 @@ class DiskStore:
             if isinstance(key, str) and key.startswith(prefix):
                 yield key
 
+    def zadd(self, key: str, scores: Mapping[str, float]) -> None:
+        if scores:
+            self._guard(self._sets.add, key, scores)
+
+    def zrem(self, key: str, members: Sequence[str]) -> None:
+        if members:
+            self._guard(self._sets.remove, key, members)
+
+    def zrange(
+        self,
+        key: str,
+        offset: int = 0,
+        limit: int = -1,
+        *,
+        desc: bool = False,
+        max_score: float | None = None,
+    ) -> list[tuple[str, float]]:
+        found: list[tuple[str, float]] = self._guard(
+            self._sets.range, key, offset, limit, desc, max_score
+        )
+        return found
+
+    def zcard(self, key: str) -> int:
+        return int(self._guard(self._sets.count, key))
+
     def close(self) -> None:
+        self._sets.close()
         self._cache.close()
 
 
@@ -244,6 +287,34 @@ class RedisStore:
         for key in self._guard(list, self._redis.scan_iter(match=prefix + "*", count=500)):
             name = key.decode() if isinstance(key, bytes) else key
             yield name[: -len(":list")] if name.endswith(":list") else name
+
+    def zadd(self, key: str, scores: Mapping[str, float]) -> None:
+        if scores:
+            self._guard(self._redis.zadd, key, dict(scores))
+
+    def zrem(self, key: str, members: Sequence[str]) -> None:
+        if members:
+            self._guard(self._redis.zrem, key, *members)
+
+    def zrange(
+        self,
+        key: str,
+        offset: int = 0,
+        limit: int = -1,
+        *,
+        desc: bool = False,
+        max_score: float | None = None,
+    ) -> list[tuple[str, float]]:
+        top: float | str = "+inf" if max_score is None else max_score
+        page = {"start": max(offset, 0), "num": limit, "withscores": True}
+        if desc:
+            raw = self._guard(self._redis.zrevrangebyscore, key, top, "-inf", **page)
+        else:
+            raw = self._guard(self._redis.zrangebyscore, key, "-inf", top, **page)
+        return [(m.decode() if isinstance(m, bytes) else str(m), float(s)) for m, s in raw]
+
+    def zcard(self, key: str) -> int:
+        return int(self._guard(self._redis.zcard, key))
 
     def close(self) -> None:
         self._redis.close()

@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from proxy.adapters.store import Store
 from proxy.core.errors import BadRequest, NotFound, Unauthorized
+from proxy.operators import reindex
 from proxy.operators.details import conversation_detail, histories, set_paused
 from proxy.operators.queries import conversation_id, list_conversations, resolve, stats
 
@@ -79,10 +80,17 @@ def _int_param(request: Request, name: str, default: int) -> int:
 
 async def _read(request: Request, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """Check the token, then run a store query off the event loop, after this worker's
-    queued ledger writes (so a request that was answered is always counted)."""
+    queued ledger writes (so a request that was answered is always counted) and, once per
+    store, the build of the indexes the queries read (``reindex``)."""
     require_admin(request)
-    await request.app.state.res.compactor.writer.flush()
-    return await asyncio.to_thread(fn, *args, **kwargs)
+    res = request.app.state.res
+    await res.compactor.writer.flush()
+
+    def run() -> T:
+        reindex.ensure(res.store, res.config.retention_s)
+        return fn(*args, **kwargs)
+
+    return await asyncio.to_thread(run)
 
 
 def _store(request: Request) -> Store:

@@ -23,7 +23,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from proxy.core.errors import NotFound
-from proxy.operators import admin, details, queries
+from proxy.operators import admin, details, queries, reindex
 from proxy.operators.conversation_page import conversation_body
 from proxy.operators.html import REFRESH_MS, esc, page, render, short
 from proxy.operators.overview_page import CHART_HOURS, PER_PAGE, overview_body
@@ -124,7 +124,10 @@ async def overview(request: Request) -> Response:
         page_no = 1
     store = request.app.state.res.store
 
+    retention = request.app.state.res.config.retention_s
+
     def load() -> tuple[dict[str, Any], dict[str, Any]]:
+        reindex.ensure(store, retention)
         data = queries.stats(store, hours=CHART_HOURS)
         listing = queries.list_conversations(
             store,
@@ -150,6 +153,7 @@ async def conversation(request: Request) -> Response:
     res = request.app.state.res
 
     def load() -> tuple[dict[str, Any], dict[str, Any]]:
+        reindex.ensure(res.store, res.config.retention_s)
         tenant, conv = queries.resolve(res.store, request.path_params["id"])
         detail = details.conversation_detail(res.store, tenant, conv)
         return detail, details.histories(res.store, res.compactor.counter, tenant, conv)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.adapters.store import Store, get_list
@@ -16,8 +17,10 @@ from proxy.core import costs
 from proxy.core.errors import StoreError
 from proxy.core.records import conv_key
 from proxy.core.types import Case
+from proxy.operators import index
 from proxy.operators.entry import RequestEntry as RequestEntry
 from proxy.operators.entry import usage_numbers as usage_numbers
+from proxy.operators.events import as_event, split
 
 log = logging.getLogger("compaction_proxy.ledger")
 
@@ -157,18 +160,26 @@ def record_batch(
         by_conv.setdefault((entry.tenant, entry.conversation), []).append((entry, original))
     savings: list[costs.RequestSaving] = []
     shadow_savings: list[costs.RequestSaving] = []
+    seen: list[index.Seen] = []
+    adopted: set[tuple[str, str]] = set()  # rows merged into another: out of the index
     for (tenant, conversation), items in by_conv.items():
         earlier = items[0][0].earlier_conversation
+        before: dict[str, Any] = {}
 
-        def conv_update(meta: Any, items: list[tuple[RequestEntry, Any]] = items) -> Any:
+        def conv_update(
+            meta: Any, items: list[tuple[RequestEntry, Any]] = items, before: Any = before
+        ) -> Any:
+            before["model"] = meta.get("model") if isinstance(meta, dict) else None
             for entry, _ in items:
                 meta = _conv_apply(meta, entry, savings, shadow_savings)
             return meta
 
         try:
-            if earlier:
-                _adopt(store, tenant, earlier, conversation, retention_s)
-            store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
+            if earlier and _adopt(store, tenant, earlier, conversation, retention_s):
+                adopted.add((tenant, earlier))
+            meta = store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
+            model, last_seen = str(meta.get("model") or ""), float(meta["last_seen"])
+            seen.append(index.Seen(tenant, conversation, model, last_seen, before.get("model")))
             store.extend(
                 conv_key("req", tenant, conversation),
                 [e.__dict__ | {"saved_tokens": e.saved_tokens} for e, _ in items],
@@ -206,9 +217,13 @@ def record_batch(
         return totals
 
     store.update(TOTALS_KEY, totals_update, None)
+    # The operators' indexes, and what has expired out of them (index: O(page) reads).
+    index.add(store, [s for s in seen if (s.tenant, s.conversation) not in adopted])
+    if retention_s:
+        index.sweep(store, time.time() - retention_s)
     hours: dict[str, list[RequestEntry]] = {}
     for entry, _ in batch:
-        hours.setdefault(time.strftime("%Y%m%d%H", time.gmtime(entry.ts)), []).append(entry)
+        hours.setdefault(_hour(entry.ts), []).append(entry)
     for hour, entries in hours.items():
 
         def hour_update(t: Any, hour: str = hour, entries: list[RequestEntry] = entries) -> Any:
@@ -222,17 +237,17 @@ def record_batch(
 
 def _adopt(
     store: Store, tenant: str, earlier: str, conversation: str, retention_s: float | None
-) -> None:
+) -> bool:
     """A session's first request was recorded under the id it had before its first reply:
     when its second request names the session for the first time, that row becomes this
     session's (one dashboard row per session). Sessions whose first requests were identical
-    share that first row; the first of them to continue takes it."""
+    share that first row; the first of them to continue takes it. True when it took it."""
     current = store.get(conv_key("conv", tenant, conversation))
     if isinstance(current, dict) and current.get("requests"):
-        return  # this session's row exists already
+        return False  # this session's row exists already
     old = store.get(conv_key("conv", tenant, earlier))
     if not isinstance(old, dict):
-        return
+        return False
 
     def merge(meta: Any) -> dict[str, Any]:
         # A compaction may have been charged to the new id before its first request landed.
@@ -257,6 +272,8 @@ def _adopt(
     # The row goes (its lists expire with their retention).
     for kind in ("conv", "orig"):
         store.delete(conv_key(kind, tenant, earlier))
+    index.remove(store, tenant, earlier, str(old.get("model") or ""))
+    return True
 
 
 def count_client_compaction(store: Store) -> None:
@@ -301,3 +318,51 @@ def record_compaction(
 
     store.update(conv_key("conv", tenant, conversation), lambda m: charge(m, True), retention_s)
     store.update(TOTALS_KEY, lambda m: charge(m, False), None)
+    hour = _hour(time.time())
+    store.update(f"hour:{hour}", lambda t: _bump(t, {"hour": hour}, compactions=1), retention_s)
+
+
+def record_events(
+    store: Store,
+    tenant: str,
+    conversation: str,
+    events: Sequence[Mapping[str, object]],
+    retention_s: float | None,
+) -> None:
+    """Store a conversation's compaction events (the core's ``Emit``: ``proxy.core.types``
+    shapes) in its ``ev:`` list, and count what the overview shows of them: failed attempts
+    (conversation and totals) and the key facts each compaction kept and dropped (totals).
+    The compactions themselves are counted by ``record_compaction``."""
+    typed = [e for e in map(as_event, events) if e is not None]
+    if not typed:
+        return
+    store.extend(conv_key("ev", tenant, conversation), list(events), retention_s, 500)
+    done, failed = split(typed)
+    kept = sum(e["facts_kept"] for e in done)
+    dropped = sum(e["facts_dropped"] for e in done)
+    if failed:
+        store.update(
+            conv_key("conv", tenant, conversation),
+            lambda m: _bump(m, {}, compaction_failures=len(failed)),
+            retention_s,
+        )
+    if failed or kept or dropped:
+        store.update(
+            TOTALS_KEY,
+            lambda t: _bump(
+                t, {}, compaction_failures=len(failed), facts_kept=kept, facts_dropped=dropped
+            ),
+            None,
+        )
+
+
+def _bump(meta: Any, new: dict[str, Any], **counts: int) -> dict[str, Any]:
+    """Add ``counts`` to a stored dict (``new`` when there is none yet)."""
+    out = meta if isinstance(meta, dict) else new
+    for key, n in counts.items():
+        out[key] = out.get(key, 0) + n
+    return out
+
+
+def _hour(ts: float) -> str:
+    return time.strftime("%Y%m%d%H", time.gmtime(ts))

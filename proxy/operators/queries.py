@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from proxy.adapters.store import Store
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.records import conv_key
-from proxy.core.types import CompactionEvent
-from proxy.operators.events import read_events, split
+from proxy.operators import index
 from proxy.operators.ledger import TOTALS_KEY
 
 SORT_KEYS = frozenset(
@@ -75,31 +75,6 @@ def derive(totals: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _scan(store: Store) -> tuple[list[dict[str, Any]], list[CompactionEvent]]:
-    """Every conversation's meta (with its compaction count) and every compaction event."""
-    conversations: list[dict[str, Any]] = []
-    events: list[CompactionEvent] = []
-    for key in store.keys("conv:"):
-        meta = store.get(key)
-        if not isinstance(meta, dict):
-            continue
-        tenant, _, conv = key[len("conv:") :].partition(":")
-        tenant = str(meta.get("tenant") or tenant)
-        conv = str(meta.get("conversation") or conv)
-        done, failed = split(read_events(store, tenant, conv))
-        events.extend(done)
-        row = derive(meta)
-        row.update(
-            id=conversation_id(tenant, conv),
-            tenant=tenant,
-            conversation=conv,
-            compactions=len(done),
-            failures=len(failed),
-        )
-        conversations.append(row)
-    return conversations, events
-
-
 def _hour_key(ts: float) -> str:
     return time.strftime("%Y%m%d%H", time.gmtime(ts))
 
@@ -113,17 +88,12 @@ def stats(store: Store, hours: int = 48, now: float | None = None) -> dict[str, 
     hours = max(1, min(hours, MAX_HOURS))
     raw = store.get(TOTALS_KEY)
     totals = derive(raw if isinstance(raw, dict) else {})
-    conversations, events = _scan(store)
-    totals["compactions"] = len(events)
-    totals["conversations"] = len(conversations)
-    totals["tenants"] = len({c["tenant"] for c in conversations})
-    totals["compaction_failures"] = sum(c["failures"] for c in conversations)
-    # The loss reports, summed: facts of replaced spans still forwarded, and facts lost.
-    totals["facts_kept"] = sum(e["facts_kept"] for e in events)
-    totals["facts_dropped"] = sum(e["facts_dropped"] for e in events)
-    by_hour: dict[str, int] = {}
-    for event in events:
-        by_hour[_hour_key(event["ts"])] = by_hour.get(_hour_key(event["ts"]), 0) + 1
+    # Counted on write (ledger): compactions, failed attempts, and the loss reports summed
+    # (facts of replaced spans still forwarded, and facts lost).
+    for key in ("compactions", "compaction_failures", "facts_kept", "facts_dropped"):
+        totals.setdefault(key, 0)
+    totals["conversations"] = store.zcard(index.SEEN)
+    totals["tenants"] = store.zcard(index.TENANTS)
     start = int(now // 3600 - hours + 1) * 3600
     series = []
     for i in range(hours):
@@ -131,9 +101,37 @@ def stats(store: Store, hours: int = 48, now: float | None = None) -> dict[str, 
         key = _hour_key(ts)
         entry = store.get(f"hour:{key}")
         row = derive(entry if isinstance(entry, dict) else {})
-        row.update(hour=key, ts=ts, compactions=by_hour.get(key, 0))
+        row.setdefault("compactions", 0)
+        row.update(hour=key, ts=ts)
         series.append(row)
     return {"totals": totals, "hourly": series, "generated_at": now}
+
+
+def _row(store: Store, name: str) -> dict[str, Any] | None:
+    """A conversation's row in the list, or None when its row has expired."""
+    tenant, conv = index.split_member(name)
+    meta = store.get(conv_key("conv", tenant, conv))
+    if not isinstance(meta, dict):
+        return None
+    row = derive(meta)
+    row.update(
+        id=conversation_id(tenant, conv),
+        tenant=tenant,
+        conversation=conv,
+        compactions=int(meta.get("compactions") or 0),
+        failures=int(meta.get("compaction_failures") or 0),
+    )
+    return row
+
+
+def _sort_key(sort: str) -> Callable[[dict[str, Any]], tuple[int, Any]]:
+    def key(row: dict[str, Any]) -> tuple[int, Any]:
+        value = row.get(sort)
+        if isinstance(value, int | float):
+            return (0, value)
+        return (1, str(value or ""))
+
+    return key
 
 
 def list_conversations(
@@ -149,36 +147,43 @@ def list_conversations(
     """One page of conversations, filtered by tenant (or a prefix of at least 4 characters
     of its hash) and model (exact, case-insensitive), sorted by ``sort``.
 
-    ``tenants`` and ``models`` list every value present, for filter menus.
+    ``tenants`` and ``models`` list every value present, for filter menus. Newest first (the
+    dashboard's default), filtered by one tenant or one model or not at all, reads one page
+    of an index and one row per item listed; other sorts and both filters at once read every
+    row in the filter's scope (never the whole store).
     """
     if sort not in SORT_KEYS:
         raise BadRequest(f"sort: must be one of {sorted(SORT_KEYS)}")
     if order not in ("asc", "desc"):
         raise BadRequest("order: must be 'asc' or 'desc'")
     page, per_page = max(page, 1), max(1, min(per_page, MAX_PER_PAGE))
-    rows, _ = _scan(store)
-    tenants = sorted({r["tenant"] for r in rows})
-    models = sorted({str(r.get("model") or "") for r in rows})
+    tenants = sorted(name for name, _ in store.zrange(index.TENANTS))
+    models = sorted(name for name, _ in store.zrange(index.MODELS))
+    keys = [index.SEEN]
     if tenant:
-        rows = [
-            r
-            for r in rows
-            if r["tenant"] == tenant or (len(tenant) >= 4 and r["tenant"].startswith(tenant))
+        keys = [
+            index.by_tenant(t)
+            for t in tenants
+            if t == tenant or (len(tenant) >= 4 and t.startswith(tenant))
         ]
     if model:
-        rows = [r for r in rows if str(r.get("model") or "").lower() == model.lower()]
-
-    def sort_key(row: dict[str, Any]) -> tuple[int, Any]:
-        value = row.get(sort)
-        if isinstance(value, int | float):
-            return (0, value)
-        return (1, str(value or ""))
-
-    rows.sort(key=sort_key, reverse=order == "desc")
+        by_model = [index.by_model(m) for m in models if m.lower() == model.lower()]
+        keys = by_model if not tenant else keys
     start = (page - 1) * per_page
+    if sort == "last_seen" and len(keys) == 1 and not (tenant and model):
+        total = store.zcard(keys[0])
+        members = store.zrange(keys[0], start, per_page, desc=order == "desc")
+        items = [r for r in (_row(store, name) for name, _ in members) if r is not None]
+    else:
+        names = {name for key in keys for name, _ in store.zrange(key)}
+        rows = [r for r in (_row(store, name) for name in sorted(names)) if r is not None]
+        if model:
+            rows = [r for r in rows if str(r.get("model") or "").lower() == model.lower()]
+        rows.sort(key=_sort_key(sort), reverse=order == "desc")
+        total, items = len(rows), rows[start : start + per_page]
     return {
-        "items": rows[start : start + per_page],
-        "total": len(rows),
+        "items": items,
+        "total": total,
         "page": page,
         "per_page": per_page,
         "sort": sort,
@@ -195,14 +200,13 @@ def resolve(store: Store, raw_id: str) -> tuple[str, str]:
     if match and store.get(conv_key("conv", match.group(1), match.group(2))) is not None:
         return match.group(1), match.group(2)
     best: tuple[float, str, str] | None = None
-    for key in store.keys("conv:"):
-        tenant, _, conv = key[len("conv:") :].partition(":")
-        if conv != raw_id:
+    for tenant, _ in store.zrange(index.TENANTS):  # a few tenants, not every conversation
+        meta = store.get(conv_key("conv", tenant, raw_id))
+        if not isinstance(meta, dict):
             continue
-        meta = store.get(key)
-        seen = float(meta.get("last_seen", 0)) if isinstance(meta, dict) else 0.0
+        seen = float(meta.get("last_seen") or 0)
         if best is None or seen > best[0]:
-            best = (seen, tenant, conv)
+            best = (seen, tenant, raw_id)
     if best is None:
         raise NotFound(f"no conversation {raw_id!r}")
     return best[1], best[2]

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 from proxy.adapters.store import open_store
 from proxy.config import Config
 from proxy.core.errors import StoreError
-from proxy.operators import queries
+from proxy.operators import queries, reindex
 from proxy.operators.formatting import fmt_int, fmt_usd, fmt_usd_known
 
 
@@ -154,6 +154,7 @@ def print_stats(config: Config, top: int = 10, out: TextIO | None = None) -> int
         print(f"compaction-proxy: cannot open the store: {exc}", file=sys.stderr)
         return 1
     try:
+        reindex.ensure(store, config.retention_s)
         totals = queries.stats(store, hours=1)["totals"]
         listing = queries.list_conversations(
             store, sort="saved_tokens", order="desc", per_page=max(top, 1)

@@ -1,0 +1,107 @@
+"""Indexes the ledger keeps on write, so the operators' reads cost O(page), not O(store).
+
+Conversations are members ``{tenant}:{conversation}`` of sorted sets (``Store.zadd``)
+scored by the time they were last seen:
+
+- ``ix:seen``: every conversation; ``ix:seen:t:{tenant}`` and ``ix:seen:m:{model}``: one
+  tenant's or one model's (the dashboard's filters);
+- ``ix:tenants`` and ``ix:models``: the filter menus, scored by the last request of each.
+
+The overview's counters (requests and tokens, compactions, failures, key facts, per hour)
+are summed on write in ``totals`` and ``hour:`` by the ledger, so a render reads a fixed
+number of keys plus one row per listed conversation.
+
+Expiry: a conversation's row expires ``retention_s`` after its last write. Each ledger flush
+drops the members not seen for that long (``sweep``); a page skips a member whose row has
+already gone.
+
+Stores written before these indexes existed: ``reindex.ensure`` builds them once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from proxy.adapters.store import Store
+
+SEEN = "ix:seen"
+TENANTS = "ix:tenants"
+MODELS = "ix:models"
+SWEEP_BATCH = 200  # members dropped per flush at most (the rest go on the next ones)
+
+
+def member(tenant: str, conversation: str) -> str:
+    return f"{tenant}:{conversation}"
+
+
+def split_member(value: str) -> tuple[str, str]:
+    """``(tenant, conversation)``: tenants are hex hashes, so the first ``:`` separates them."""
+    tenant, _, conversation = value.partition(":")
+    return tenant, conversation
+
+
+def by_tenant(tenant: str) -> str:
+    return f"{SEEN}:t:{tenant}"
+
+
+def by_model(model: str) -> str:
+    return f"{SEEN}:m:{model}"
+
+
+@dataclass(frozen=True)
+class Seen:
+    """One conversation as just written: where it belongs in the indexes."""
+
+    tenant: str
+    conversation: str
+    model: str
+    last_seen: float
+    previous_model: str | None = None  # its model before this write, if it changed
+
+
+def add(store: Store, seen: Iterable[Seen]) -> None:
+    """Index conversations just written: one ``zadd`` per index touched."""
+    scores: dict[str, dict[str, float]] = {}
+
+    def put(key: str, name: str, score: float) -> None:
+        values = scores.setdefault(key, {})
+        values[name] = max(score, values.get(name, score))
+
+    for s in seen:
+        name = member(s.tenant, s.conversation)
+        for key in (SEEN, by_tenant(s.tenant), by_model(s.model)):
+            put(key, name, s.last_seen)
+        put(TENANTS, s.tenant, s.last_seen)
+        put(MODELS, s.model, s.last_seen)
+        if s.previous_model is not None and s.previous_model != s.model:
+            store.zrem(by_model(s.previous_model), [name])
+    for key, values in scores.items():
+        store.zadd(key, values)
+
+
+def remove(store: Store, tenant: str, conversation: str, model: str) -> None:
+    """Take a conversation whose row was deleted out of the indexes."""
+    name = member(tenant, conversation)
+    for key in (SEEN, by_tenant(tenant), by_model(model)):
+        store.zrem(key, [name])
+
+
+def sweep(store: Store, cutoff: float) -> None:
+    """Drop what was last seen before ``cutoff``: its rows have expired. Three reads when
+    nothing is that old (the usual case)."""
+    old = [name for name, _ in store.zrange(SEEN, 0, SWEEP_BATCH, max_score=cutoff)]
+    if old:
+        store.zrem(SEEN, old)
+        tenants: dict[str, list[str]] = {}
+        for name in old:
+            tenants.setdefault(split_member(name)[0], []).append(name)
+        for tenant, names in tenants.items():
+            store.zrem(by_tenant(tenant), names)
+        for model, _ in store.zrange(MODELS):
+            store.zrem(by_model(model), old)
+    if len(old) < SWEEP_BATCH:  # every old member is gone: the menus may lose their entries
+        for key in (TENANTS, MODELS):
+            gone = [name for name, _ in store.zrange(key, 0, SWEEP_BATCH, max_score=cutoff)]
+            if gone:
+                store.zrem(key, gone)
