@@ -325,7 +325,9 @@ def test_memo_is_bounded() -> None:
     counter = TokenCounter(memo_size=2)
     for i in range(5):
         counter.count_message({"role": "user", "content": str(i)}, "gpt-4o", bytes([i]))
-        assert len(counter._memo) <= 2
+        assert counter.memoised() <= 2
+    counter.count_message({"role": "user", "content": "x"}, "gpt-4", b"x")
+    assert 1 <= counter.memoised() <= 2  # across encodings too
     with pytest.raises(ValueError):
         TokenCounter(memo_size=0)
 
