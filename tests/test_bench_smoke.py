@@ -6,6 +6,7 @@ substitution really happening). No timing is asserted: figures belong in docs/be
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -140,3 +141,22 @@ def test_smoke_refuses_to_write_into_docs() -> None:
     )
     assert done.returncode == 2
     assert "never writes into docs" in done.stderr
+
+
+def test_rss_harness_reads_the_workers_memory(tmp_path: Path) -> None:
+    out = tmp_path / "rss.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.rss", "--requests", "20", "--distinct", "2"]
+        + ["--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    stages = json.loads(out.read_text())["stages"]
+    assert len(stages) == 3
+    assert "(0 errors)" in stages[1]["after"] and "(0 errors)" in stages[2]["after"]
+    for stage in stages:
+        assert 0 < stage["anonymous"] <= stage["rss"] <= stage["peak"]
+    assert "| start-up (/healthz answered) |" in done.stdout
