@@ -5,6 +5,7 @@ rather than re-reading the summary's text."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,12 +33,14 @@ def entry(
     )  # fmt: skip
 
 
-def store_compaction(store: DiskStore, conversation: str, record: CompactionRecord) -> None:
+def store_compaction(
+    store: DiskStore, conversation: str, record: CompactionRecord, tenant: str = TENANT
+) -> None:
     """What the core writes for one stored compaction: the record, the ledger's charge and the
     event (``proxy.core.types.CompactionEvent``)."""
-    store.set(conv_key("rec", TENANT, conversation) + ":" + record.prefix_hash, record.to_json())
+    store.set(conv_key("rec", tenant, conversation) + ":" + record.prefix_hash, record.to_json())
     ledger.record_compaction(
-        store, TENANT, conversation, record=record.prefix_hash, case=record.case,
+        store, tenant, conversation, record=record.prefix_hash, case=record.case,
         llm_tokens=record.llm_tokens, llm_usd=record.llm_usd, retention_s=None,
     )  # fmt: skip
     event: dict[str, Any] = {
@@ -49,7 +52,7 @@ def store_compaction(store: DiskStore, conversation: str, record: CompactionReco
         "facts_kept": len(record.facts_kept) + len(record.facts_appended),
         "facts_dropped": len(record.facts_dropped),
     }  # fmt: skip
-    ledger.record_events(store, TENANT, conversation, [event], None)
+    ledger.record_events(store, tenant, conversation, [event], None)
 
 
 def record(case: str, prefix_hash: str, **kw: Any) -> CompactionRecord:
@@ -138,7 +141,14 @@ def fill(store: DiskStore, start: int, n: int) -> None:
     """``n`` more conversations, of 3 tenants and 2 models, through the ledger's batches."""
     now = time.time()
     batch = [
-        (entry(f"c{i}", now - 600 + i, tenant=str(i % 3) * 32, model=f"model-{i % 2}"), None)
+        (
+            replace(
+                entry(f"c{i}", now - 600 + i, tenant=str(i % 3) * 32, model=f"model-{i % 2}"),
+                original_tokens=3000 + (i * 7919) % 5000,  # varied, for the sorts
+                original_messages=4 + i % 11,
+            ),
+            None,
+        )
         for i in range(start, start + n)
     ]
     ledger.record_batch(store, batch, 86400.0)
@@ -162,10 +172,14 @@ def test_the_overviews_store_operations_do_not_grow_with_the_conversations(
     small = overview_operations(store)
     small_by_tenant = overview_operations(store, tenant="1" * 32)
     small_by_model = overview_operations(store, model="MODEL-1")
+    small_by_saving = overview_operations(store, sort="saved_tokens")
+    small_by_tenant_name = overview_operations(store, sort="tenant", order="asc")
     fill(store, 90, 210)
     assert overview_operations(store) == small
     assert overview_operations(store, tenant="1" * 32) == small_by_tenant
     assert overview_operations(store, model="MODEL-1") == small_by_model
+    assert overview_operations(store, sort="saved_tokens") == small_by_saving
+    assert overview_operations(store, sort="tenant", order="asc") == small_by_tenant_name
     totals = queries.stats(store, hours=24)["totals"]
     assert totals["conversations"] == 300 and totals["tenants"] == 3
     # No render lists every key of the store.
@@ -253,3 +267,22 @@ def test_a_store_written_before_the_indexes_is_indexed_once(store: DiskStore) ->
     counting = CountingStore(store)
     reindex.ensure(counting, 86400.0)  # type: ignore[arg-type]
     assert counting.operations == 1  # built once: afterwards one read of the marker
+
+
+@pytest.mark.parametrize("order", ["asc", "desc"])
+def test_every_sort_pages_through_every_conversation_in_order(store: DiskStore, order: str) -> None:
+    fill(store, 0, 30)
+    store_compaction(store, "c4", record(Case.SUMMARIZE, "ef" * 16), tenant="1" * 32)
+    everything = {r["id"] for r in queries.list_conversations(store, per_page=100)["items"]}
+    for sort in sorted(queries.SORT_KEYS):
+        pages = [
+            queries.list_conversations(store, sort=sort, order=order, per_page=7, page=n)
+            for n in range(1, 6)
+        ]
+        rows = [r for p in pages for r in p["items"]]
+        assert all(p["total"] == 30 for p in pages), sort
+        assert [r["id"] for r in rows] and {r["id"] for r in rows} == everything, sort
+        values = [r[sort] for r in rows]
+        assert values == sorted(values, reverse=order == "desc"), sort
+    top = queries.list_conversations(store, sort="compactions", order="desc", per_page=1)
+    assert top["items"][0]["conversation"] == "c4" and top["items"][0]["compactions"] == 1

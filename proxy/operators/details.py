@@ -19,9 +19,10 @@ from proxy.core.records import (
     substitute,
 )
 from proxy.core.tokens import TokenCounter
-from proxy.core.types import CompactionEvent
+from proxy.core.types import CompactionEvent, Failure
 from proxy.operators.events import Failed, read_events, split
-from proxy.operators.queries import conversation_id, derive
+from proxy.operators.figures import derive
+from proxy.operators.queries import conversation_id
 
 
 def _current_record(
@@ -123,7 +124,7 @@ def _compaction(store: Store, tenant: str, conv: str, event: CompactionEvent) ->
 
 
 def _failure(event: Failed) -> dict[str, Any]:
-    soft = event["soft"] if event["case"] == "failed" else False
+    soft = event["soft"] if event["case"] == Failure.FAILED else False
     return {
         "ts": event["ts"],
         "case": event["case"],

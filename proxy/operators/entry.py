@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from proxy.core.modelmap import model_info
 from proxy.core.records import CompactionRecord
+from proxy.core.types import CaseName
 
 
 class PreparedView(Protocol):
@@ -23,7 +24,7 @@ class PreparedView(Protocol):
     @property
     def model(self) -> str: ...
     @property
-    def case(self) -> str: ...
+    def case(self) -> CaseName: ...
     @property
     def original(self) -> Sequence[Any]: ...
     @property
@@ -49,7 +50,7 @@ class RequestEntry:
     conversation: str
     model: str
     route: str
-    case: str
+    case: CaseName
     status: int
     original_messages: int
     forwarded_messages: int

@@ -77,7 +77,7 @@ def split(events: Iterable[Event]) -> tuple[list[CompactionEvent], list[Failed]]
     compactions: list[CompactionEvent] = []
     failures: list[Failed] = []
     for event in events:
-        if event["case"] == "failed" or event["case"] == "detector_failed":
+        if event["case"] == Failure.FAILED or event["case"] == Failure.DETECTOR_FAILED:
             failures.append(event)
         else:
             compactions.append(event)

@@ -5,7 +5,9 @@ scored by the time they were last seen:
 
 - ``ix:seen``: every conversation; ``ix:seen:t:{tenant}`` and ``ix:seen:m:{model}``: one
   tenant's or one model's (the dashboard's filters);
-- ``ix:tenants`` and ``ix:models``: the filter menus, scored by the last request of each.
+- ``ix:tenants`` and ``ix:models``: the filter menus, scored by the last request of each;
+- ``ix:by:{column}``: every conversation scored by one numeric column of the list
+  (``SORTED``: requests, tokens, % saved...), so any sort of the unfiltered list is a page.
 
 The overview's counters (requests and tokens, compactions, failures, key facts, per hour)
 are summed on write in ``totals`` and ``hour:`` by the ledger, so a render reads a fixed
@@ -20,14 +22,21 @@ Stores written before these indexes existed: ``reindex.ensure`` builds them once
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from proxy.adapters.store import Store
+from proxy.operators.figures import derive
 
 SEEN = "ix:seen"
 TENANTS = "ix:tenants"
 MODELS = "ix:models"
+# The list's numeric columns besides last_seen (the ``ix:seen`` score), each with an index.
+SORTED = (
+    "first_seen", "requests", "messages", "original_tokens", "forwarded_tokens",
+    "saved_tokens", "saved_pct", "saved_usd", "compactions", "cached_tokens",
+)  # fmt: skip
 SWEEP_BATCH = 200  # members dropped per flush at most (the rest go on the next ones)
 
 
@@ -49,6 +58,22 @@ def by_model(model: str) -> str:
     return f"{SEEN}:m:{model}"
 
 
+def by_sort(column: str) -> str:
+    return f"ix:by:{column}"
+
+
+def sort_scores(meta: Mapping[str, Any]) -> dict[str, float]:
+    """A conversation row's numeric columns, as the list shows and sorts them."""
+    row = derive(dict(meta))
+    out = {}
+    for column in SORTED:
+        value = row.get(column)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            value = 0.0
+        out[column] = float(value)
+    return out
+
+
 @dataclass(frozen=True)
 class Seen:
     """One conversation as just written: where it belongs in the indexes."""
@@ -58,6 +83,7 @@ class Seen:
     model: str
     last_seen: float
     previous_model: str | None = None  # its model before this write, if it changed
+    scores: Mapping[str, float] = field(default_factory=dict)  # ``sort_scores`` of its row
 
 
 def add(store: Store, seen: Iterable[Seen]) -> None:
@@ -74,6 +100,8 @@ def add(store: Store, seen: Iterable[Seen]) -> None:
             put(key, name, s.last_seen)
         put(TENANTS, s.tenant, s.last_seen)
         put(MODELS, s.model, s.last_seen)
+        for column, value in s.scores.items():
+            scores.setdefault(by_sort(column), {})[name] = value  # the newest row's figure
         if s.previous_model is not None and s.previous_model != s.model:
             store.zrem(by_model(s.previous_model), [name])
     for key, values in scores.items():
@@ -83,7 +111,7 @@ def add(store: Store, seen: Iterable[Seen]) -> None:
 def remove(store: Store, tenant: str, conversation: str, model: str) -> None:
     """Take a conversation whose row was deleted out of the indexes."""
     name = member(tenant, conversation)
-    for key in (SEEN, by_tenant(tenant), by_model(model)):
+    for key in (SEEN, by_tenant(tenant), by_model(model), *map(by_sort, SORTED)):
         store.zrem(key, [name])
 
 
@@ -100,6 +128,8 @@ def sweep(store: Store, cutoff: float) -> None:
             store.zrem(by_tenant(tenant), names)
         for model, _ in store.zrange(MODELS):
             store.zrem(by_model(model), old)
+        for column in SORTED:
+            store.zrem(by_sort(column), old)
     if len(old) < SWEEP_BATCH:  # every old member is gone: the menus may lose their entries
         for key in (TENANTS, MODELS):
             gone = [name for name, _ in store.zrange(key, 0, SWEEP_BATCH, max_score=cutoff)]

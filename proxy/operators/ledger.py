@@ -16,7 +16,7 @@ from proxy.adapters.store import Store, get_list
 from proxy.core import costs
 from proxy.core.errors import StoreError
 from proxy.core.records import conv_key
-from proxy.core.types import Case
+from proxy.core.types import Case, CaseName
 from proxy.operators import index
 from proxy.operators.entry import RequestEntry as RequestEntry
 from proxy.operators.entry import usage_numbers as usage_numbers
@@ -179,7 +179,10 @@ def record_batch(
                 adopted.add((tenant, earlier))
             meta = store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
             model, last_seen = str(meta.get("model") or ""), float(meta["last_seen"])
-            seen.append(index.Seen(tenant, conversation, model, last_seen, before.get("model")))
+            scores = index.sort_scores(meta)
+            seen.append(
+                index.Seen(tenant, conversation, model, last_seen, before.get("model"), scores)
+            )
             store.extend(
                 conv_key("req", tenant, conversation),
                 [e.__dict__ | {"saved_tokens": e.saved_tokens} for e, _ in items],
@@ -294,7 +297,7 @@ def record_compaction(
     conversation: str,
     *,
     record: str,
-    case: str,
+    case: CaseName,
     llm_tokens: int,
     llm_usd: float,
     retention_s: float | None,
@@ -307,7 +310,7 @@ def record_compaction(
         meta["llm_tokens"] = meta.get("llm_tokens", 0) + llm_tokens
         meta["llm_usd"] = meta.get("llm_usd", 0.0) + llm_usd
         by_case = meta.setdefault("compactions_by_case", {})
-        by_case[str(case)] = by_case.get(str(case), 0) + 1  # a JSON key: a plain string
+        by_case[case] = by_case.get(case, 0) + 1
         if per_conversation:
             tracked = meta.setdefault("by_compaction", {})
             per = tracked.setdefault(record, {})
@@ -316,7 +319,12 @@ def record_compaction(
                 tracked.pop(next(iter(tracked)))
         return meta
 
-    store.update(conv_key("conv", tenant, conversation), lambda m: charge(m, True), retention_s)
+    meta = store.update(
+        conv_key("conv", tenant, conversation), lambda m: charge(m, True), retention_s
+    )
+    if meta.get("requests"):  # its row is listed (else its first ledger write indexes it)
+        name = index.member(tenant, conversation)
+        store.zadd(index.by_sort("compactions"), {name: float(meta["compactions"])})
     store.update(TOTALS_KEY, lambda m: charge(m, False), None)
     hour = _hour(time.time())
     store.update(f"hour:{hour}", lambda t: _bump(t, {"hour": hour}, compactions=1), retention_s)

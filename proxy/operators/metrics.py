@@ -279,9 +279,9 @@ class Metrics:
         parsed = as_event(event)
         if parsed is None:
             return
-        if parsed["case"] == "detector_failed":
+        if parsed["case"] == Failure.DETECTOR_FAILED:
             self.observe_compaction(Case.NONE, None, "detector")
-        elif parsed["case"] == "failed":
+        elif parsed["case"] == Failure.FAILED:
             self.observe_compaction(Failure.FAILED, None, "summarizer")
         else:
             self.observe_compaction(parsed["case"], parsed["duration_s"])

@@ -17,6 +17,7 @@ from proxy.adapters.store import Store
 from proxy.core.errors import BadRequest, NotFound
 from proxy.core.records import conv_key
 from proxy.operators import index
+from proxy.operators.figures import derive
 from proxy.operators.ledger import TOTALS_KEY
 
 SORT_KEYS = frozenset(
@@ -33,46 +34,6 @@ _TENANT_ID = re.compile(r"^([0-9a-f]{32}):(.+)$", re.S)
 
 def conversation_id(tenant: str, conversation: str) -> str:
     return f"{tenant}:{conversation}"
-
-
-def _ratio(part: float, whole: float) -> float:
-    return part / whole if whole else 0.0
-
-
-def derive(totals: dict[str, Any]) -> dict[str, Any]:
-    """Percentages from the raw sums: % saved (of original tokens) and cache-hit rate."""
-    out = dict(totals)
-    for key in (
-        "requests", "original_tokens", "forwarded_tokens", "saved_tokens", "prompt_tokens",
-        "cached_tokens", "cache_write_tokens", "completion_tokens", "errors", "cancelled",
-        "unpriced_requests",
-    ):  # fmt: skip
-        out.setdefault(key, 0)
-    out.setdefault("saved_usd", 0.0)
-    out["saved_pct"] = round(100 * _ratio(out["saved_tokens"], out["original_tokens"]), 2)
-    out["cache_hit_rate"] = round(_ratio(out["cached_tokens"], out["prompt_tokens"]), 4)
-    if "counterfactual_usd" in out:
-        # Net of cache misses, cache writes and detector/summarizer calls (ledger.net_usd).
-        out["net_saved_usd"] = (
-            out["counterfactual_usd"] - out.get("actual_usd", 0.0) - out.get("llm_usd", 0.0)
-        )
-    shadow = out.get("shadow")
-    if isinstance(shadow, dict):
-        # Shadow mode: what compaction would have saved; its detector/summarizer calls were
-        # really made, so they are charged against it.
-        shadow = {k: v for k, v in shadow.items() if not k.startswith("last_")}
-        shadow.setdefault("saved_tokens", 0)
-        shadow["saved_pct"] = round(
-            100 * _ratio(shadow["saved_tokens"], shadow.get("original_tokens", 0)), 2
-        )
-        if "counterfactual_usd" in shadow:
-            shadow["net_saved_usd"] = (
-                shadow["counterfactual_usd"]
-                - shadow.get("actual_usd", 0.0)
-                - out.get("llm_usd", 0.0)
-            )
-        out["shadow"] = shadow
-    return out
 
 
 def _hour_key(ts: float) -> str:
@@ -134,6 +95,49 @@ def _sort_key(sort: str) -> Callable[[dict[str, Any]], tuple[int, Any]]:
     return key
 
 
+def _indexed_page(
+    store: Store,
+    keys: list[str],
+    tenant: bool,
+    model: bool,
+    sort: str,
+    desc: bool,
+    start: int,
+    per_page: int,
+) -> tuple[int, list[str]] | None:
+    """The total and one page of members when an index answers the query, else None.
+
+    ``keys`` are the newest-first indexes of the filter's scope (one, unless a tenant prefix
+    or a model name's case matches several)."""
+
+    def page_of(key: str) -> tuple[int, list[str]]:
+        names = [name for name, _ in store.zrange(key, start, per_page, desc=desc)]
+        return store.zcard(key), names
+
+    if sort == "last_seen" and len(keys) == 1 and not (tenant and model):
+        return page_of(keys[0])
+    if tenant or model:
+        return None
+    if sort in index.SORTED:
+        return page_of(index.by_sort(sort))
+    # By tenant or model: each one's newest-first index in turn, in name order.
+    menu: str = index.TENANTS
+    group: Callable[[str], str] = index.by_tenant
+    if sort == "model":
+        menu, group = (index.MODELS, index.by_model)
+    groups = sorted((name for name, _ in store.zrange(menu)), reverse=desc)
+    names: list[str] = []
+    total, skip = 0, start
+    for name in groups:
+        n = store.zcard(group(name))
+        total += n
+        if len(names) < per_page and skip < n:
+            got = store.zrange(group(name), skip, per_page - len(names), desc=True)
+            names += [member for member, _ in got]
+        skip = max(skip - n, 0)
+    return total, names
+
+
 def list_conversations(
     store: Store,
     *,
@@ -149,8 +153,9 @@ def list_conversations(
 
     ``tenants`` and ``models`` list every value present, for filter menus. Newest first (the
     dashboard's default), filtered by one tenant or one model or not at all, reads one page
-    of an index and one row per item listed; other sorts and both filters at once read every
-    row in the filter's scope (never the whole store).
+    of an index and one row per item listed, and so does any sort of the unfiltered list; a
+    sort other than newest first of a filtered list reads every row in the filter's scope
+    (never the whole store).
     """
     if sort not in SORT_KEYS:
         raise BadRequest(f"sort: must be one of {sorted(SORT_KEYS)}")
@@ -169,17 +174,17 @@ def list_conversations(
     if model:
         by_model = [index.by_model(m) for m in models if m.lower() == model.lower()]
         keys = by_model if not tenant else keys
-    start = (page - 1) * per_page
-    if sort == "last_seen" and len(keys) == 1 and not (tenant and model):
-        total = store.zcard(keys[0])
-        members = store.zrange(keys[0], start, per_page, desc=order == "desc")
-        items = [r for r in (_row(store, name) for name, _ in members) if r is not None]
+    start, desc = (page - 1) * per_page, order == "desc"
+    found = _indexed_page(store, keys, bool(tenant), bool(model), sort, desc, start, per_page)
+    if found is not None:
+        total, names = found
+        items = [r for r in (_row(store, name) for name in names) if r is not None]
     else:
-        names = {name for key in keys for name, _ in store.zrange(key)}
-        rows = [r for r in (_row(store, name) for name in sorted(names)) if r is not None]
+        names = sorted({name for key in keys for name, _ in store.zrange(key)})
+        rows = [r for r in (_row(store, name) for name in names) if r is not None]
         if model:
             rows = [r for r in rows if str(r.get("model") or "").lower() == model.lower()]
-        rows.sort(key=_sort_key(sort), reverse=order == "desc")
+        rows.sort(key=_sort_key(sort), reverse=desc)
         total, items = len(rows), rows[start : start + per_page]
     return {
         "items": items,

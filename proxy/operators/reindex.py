@@ -57,7 +57,9 @@ def rebuild(store: Store, retention_s: float | None) -> int:
         tenant = str(meta.get("tenant") or tenant)
         conv = str(meta.get("conversation") or conv)
         last_seen = meta.get("last_seen") or meta.get("first_seen") or 0.0
-        seen.append(index.Seen(tenant, conv, str(meta.get("model") or ""), float(last_seen)))
+        model = str(meta.get("model") or "")
+        scores = index.sort_scores(meta)
+        seen.append(index.Seen(tenant, conv, model, float(last_seen), None, scores))
         done, failed = split(read_events(store, tenant, conv))
         failures += len(failed)
         kept += sum(e["facts_kept"] for e in done)
