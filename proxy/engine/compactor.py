@@ -49,6 +49,7 @@ T = TypeVar("T")
 # Below it the thread hop would cost more than it saves.
 OFFLOAD_MESSAGES = 1000
 _RECENT_TRACKERS = 4096
+_RECENT_S = 10.0  # how long this worker answers for its own queued tracker writes
 
 
 class Compactor:
@@ -80,9 +81,10 @@ class Compactor:
         # hold those conversations until the locks' TTL.
         self._orphan_locks: dict[str, float] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-        # Stability trackers this worker wrote last, by store key: the client's next request
-        # can arrive before the batched write lands (other workers read the store).
-        self._recent: dict[str, Any] = {}
+        # Stability trackers this worker wrote last, by store key, with when: the client's
+        # next request can arrive before the batched write lands (other workers read the
+        # store).
+        self._recent: dict[str, tuple[Any, float]] = {}
         # Ledger entries and the stability tracker are written in batches, off the hot path.
         self.writer = BatchWriter(store, retention_s)
 
@@ -137,7 +139,8 @@ class Compactor:
         def read() -> dict[str, Any]:
             got: dict[str, Any] = {}
             for key in command.values:
-                got[key] = self._recent[key] if key in self._recent else self.store.get(key)
+                held = self._recent.get(key)
+                got[key] = held[0] if held is not None else self.store.get(key)
             for key in command.lists:
                 got[key] = get_list(self.store, key)
             return got
@@ -209,9 +212,18 @@ class Compactor:
         compaction if the decision asked for one. Never blocks the caller."""
         if prepared.stability is not None:
             key = conv_key("stab", prepared.tenant, prepared.conversation)
-            self._recent[key] = prepared.stability
-            if len(self._recent) > _RECENT_TRACKERS:
-                self._recent.pop(next(iter(self._recent)))
+            now = time.monotonic()
+            recent = self._recent
+            recent.pop(key, None)  # re-inserted last: the dict stays ordered by age
+            recent[key] = (prepared.stability, now)
+            # Only until the batched write has landed (it flushes every fraction of a
+            # second): holding trackers longer would cost memory in proportion to the
+            # number and length of conversations, for nothing the store does not have.
+            while recent:
+                oldest = next(iter(recent))
+                if len(recent) <= _RECENT_TRACKERS and now - recent[oldest][1] < _RECENT_S:
+                    break
+                del recent[oldest]
             # Written in the next batch; a lost write only restarts the tracker at N = 0.
             # The state is frozen: it is turned into JSON in the writer's thread (100,000
             # items take a fifth of a second, which the event loop must not wait for).
