@@ -127,9 +127,13 @@ class Compactor:
             case Emit():
                 if self.on_event is not None:
                     self.on_event(dict(command.event))
-                key = conv_key("ev", command.tenant, command.conversation)
                 return await asyncio.to_thread(
-                    self.store.append, key, command.event, self.retention_s, 500
+                    ledger.record_events,
+                    self.store,
+                    command.tenant,
+                    command.conversation,
+                    [command.event],
+                    self.retention_s,
                 )
             case CompactNow():
                 return await self.compact(command.prepared, inline=True)
