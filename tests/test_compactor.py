@@ -29,6 +29,7 @@ from proxy.core.records import body_start, conv_key
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
 from proxy.engine.compactor import Compactor
+from proxy.operators.ledger import TOTALS_KEY
 
 Message = dict[str, Any]
 MODEL = "gpt-4o-mini"
@@ -441,6 +442,10 @@ async def test_failing_background_compaction_cools_down(make: MakeCompactor) -> 
     c.schedule(nxt)
     await c.drain()
     assert len(llm.of("summarizer")) == 1
+    # The failure reached the operators' counters (the overview and the conversation row).
+    assert c.store.get(TOTALS_KEY)["compaction_failures"] == 1
+    row = c.store.get(conv_key("conv", "tenant-a", p.conversation))
+    assert row["compaction_failures"] == 1
 
 
 async def test_cooldown_expires(make: MakeCompactor) -> None:
