@@ -23,7 +23,8 @@ repetition runs the request path of ``proxy.server.app._serve`` piece by piece, 
   ``httpx-aiohttp`` package's transport when it is installed), interleaved;
 - ``wire``: the same bytes sent and answered over a bare ``asyncio.Protocol`` connection
   (``bench.loadgen``), which is what the direct row pays: the upstream's own time;
-- ``ledger``: ``_finish`` (log line, metrics, the ledger write queued, background check).
+- ``ledger``: ``Service.finish`` (log line, metrics, the ledger write queued, background
+  check).
 
 The server's own HTTP handling (uvicorn, Starlette routing, the response) is not in here:
 it is what ``bench.overhead``'s added p50 has on top of these stages. Figures are medians of
@@ -73,6 +74,7 @@ from proxy.core.fingerprint import (
     tenant_id,
 )
 from proxy.core.headers import compaction_headers
+from proxy.engine.service import Call, Service
 from proxy.logs import JsonFormatter
 from proxy.server import app as srv
 from proxy.server.sse import EventSplitter
@@ -129,7 +131,7 @@ class Wire:
 
 
 async def one(
-    res: srv.Resources, raw: bytes, key: str, wire: Wire, client: httpx.AsyncClient
+    res: Service, raw: bytes, key: str, wire: Wire, client: httpx.AsyncClient
 ) -> dict[str, float]:
     """One request through the stages of ``_serve``; seconds per stage."""
     surface = OPENAI_CHAT
@@ -198,7 +200,7 @@ async def one(
     t9 = clock()
     await wire.send(payload)
     t10 = clock()
-    srv._finish(res, surface, prepared, None, 200, t0, t8 - t0)
+    res.finish(Call(surface.name, prepared, t0, t8 - t0), None, 200)
     t11 = clock()
     t["parse"], t["validate"], t["view"] = t1 - t0, t2 - t1, t3 - t2
     t["fingerprint"], t["chain"], t["count"] = t4 - t3, t5 - t4, t6 - t5
@@ -226,7 +228,7 @@ async def measure(upstream_url_: str, store: Path, cases: Any, reps: int, port: 
     }
     samples: dict[tuple[str, bool, str], list[dict[str, float]]] = {}
     async with app.router.lifespan_context(app):
-        res: srv.Resources = app.state.res
+        res: Service = app.state.res
         clients = {name: make(config.upstream) for name, make in TRANSPORTS.items()}
         wire = Wire(port)
         for rep in range(reps + 3):  # the first three warm the pool, memo and caches

@@ -9,37 +9,27 @@ recursion on its internal calls, where settings come from).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import secrets
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
-import openai
 import pytest
 import yaml
 
 # Importing the hook imports litellm, which would try to download its model map: no network.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from hooks.litellm_compaction import (  # noqa: E402
-    INTERNAL_FLAG,
-    CompactionHook,
-    hook_config,
-    is_internal,
-    tenant_of,
-)
+from hooks.litellm_compaction import CompactionHook  # noqa: E402
+from hooks.litellm_llm import INTERNAL_FLAG, underlying_model  # noqa: E402
+from hooks.litellm_payload import is_internal, tenant_of  # noqa: E402
+from hooks.litellm_service import hook_config  # noqa: E402
 from proxy.adapters.llm import LLMReply  # noqa: E402
 from proxy.adapters.store import DiskStore  # noqa: E402
-from proxy.config import load_config  # noqa: E402
-from proxy.core.prepared import Prompts  # noqa: E402
+from proxy.config import Config, load_config  # noqa: E402
 from proxy.core.settings import CompactionSettings  # noqa: E402
-from proxy.engine.compactor import Compactor  # noqa: E402
+from proxy.engine.service import build_service  # noqa: E402
 from tests.checks import (  # noqa: E402
     LOW_TRIGGER,
     assert_facts_present,
@@ -49,150 +39,21 @@ from tests.checks import (  # noqa: E402
     tokens,
 )
 from tests.conversations import drive_conversation  # noqa: E402
+from tests.litellmproc import SHIPPED_CONFIG, LiteLLMProcess, running  # noqa: E402
 from tests.proxyproc import free_port  # noqa: E402
 from tests.upstream import ScriptedUpstream  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED_CONFIG = ROOT / "config" / "litellm.yaml"
 SYSTEM = "You are a careful coding assistant for the billing service."
 MODEL = "gpt-4o-mini"
 COMPACTION = LOW_TRIGGER
 EMERGENCY_TOKENS = 8000  # trigger_tokens x the default emergency_factor 2.0
-START_TIMEOUT_S = 120.0
-
-
-def litellm_cli() -> str:
-    found = Path(sys.executable).parent / "litellm"
-    assert found.exists(), "litellm is not installed (pip install -e '.[dev]')"
-    return str(found)
-
-
-class LiteLLMProcess:
-    """``litellm --config`` with the shipped config, its model pointed at the scripted upstream.
-
-    ``via`` says where the hook finds its settings: ``env`` ($COMPACTION_PROXY_CONFIG) or
-    ``litellm`` (the ``compaction_proxy:`` section of LiteLLM's own config file).
-    """
-
-    def __init__(
-        self, tmp: Path, upstream_url: str, compaction: dict[str, Any], store_url: str, via: str
-    ) -> None:
-        self.tmp = tmp
-        self.port = free_port()
-        self.master_key = "sk-" + secrets.token_hex(24)
-        self.store_url = store_url
-        settings = {"store": {"url": store_url}, "compaction": compaction}
-        config = yaml.safe_load(SHIPPED_CONFIG.read_text())
-        assert config["litellm_settings"]["callbacks"] == "hooks.litellm_compaction.compaction_hook"
-        config["model_list"] = [
-            {
-                "model_name": MODEL,
-                "litellm_params": {
-                    "model": f"openai/{MODEL}",
-                    "api_base": upstream_url,
-                    "api_key": "sk-fake",
-                },
-            }
-        ]
-        self.env = {
-            **os.environ,
-            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-            "LITELLM_MASTER_KEY": self.master_key,
-            "COMPACTION_PROXY_LOG_LEVEL": "DEBUG",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            "NO_PROXY": "127.0.0.1,localhost",
-        }
-        self.env.pop("COMPACTION_PROXY_CONFIG", None)
-        if via == "env":
-            config.pop("compaction_proxy", None)
-            settings_path = tmp / "compaction.yaml"
-            settings_path.write_text(yaml.safe_dump(settings))
-            self.env["COMPACTION_PROXY_CONFIG"] = str(settings_path)
-        else:
-            config["compaction_proxy"] = settings
-        self.config_path = tmp / "litellm.yaml"
-        self.config_path.write_text(yaml.safe_dump(config))
-        self.log_path = tmp / "litellm.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def client(self, tenant: str) -> openai.OpenAI:
-        # A tenant per test: runs of the same scripted conversation never share records.
-        return openai.OpenAI(
-            base_url=self.base_url,
-            api_key=self.master_key,
-            max_retries=0,
-            timeout=60,
-            default_headers={"x-compaction-tenant": tenant},
-        )
-
-    def start(self) -> LiteLLMProcess:
-        command = [litellm_cli(), "--config", str(self.config_path)]
-        command += ["--host", "127.0.0.1", "--port", str(self.port)]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp
-            )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"litellm exited ({self.proc.returncode}):\n{self.logs()}")
-            try:
-                r = httpx.get(f"http://127.0.0.1:{self.port}/health/liveliness", timeout=1)
-                if r.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"litellm did not start in {START_TIMEOUT_S}s:\n{self.logs()}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-    def logs(self, tail: int = 30_000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-tail:]
-        except OSError:
-            return "(no log)"
-
-    @contextlib.contextmanager
-    def logs_on_failure(self) -> Iterator[None]:
-        """Print the LiteLLM log (pytest shows it) when the block fails."""
-        try:
-            yield
-        except BaseException:
-            print(f"---- litellm log ({self.log_path}) ----\n{self.logs()}")
-            raise
-
-    def hook_log_lines(self) -> list[str]:
-        return [line for line in self.logs(10**7).splitlines() if "compaction_proxy" in line]
 
 
 @pytest.fixture(scope="module")
 def upstream() -> Iterator[ScriptedUpstream]:
     with ScriptedUpstream() as up:
         yield up
-
-
-@contextlib.contextmanager
-def running(
-    tmp: Path, upstream: ScriptedUpstream, compaction: dict[str, Any], store_url: str, via: str
-) -> Iterator[LiteLLMProcess]:
-    proc = LiteLLMProcess(tmp, upstream.base_url, compaction, store_url, via)
-    try:
-        yield proc.start()
-    finally:
-        proc.stop()
 
 
 @pytest.fixture(scope="module", params=["inline", "background"])
@@ -478,13 +339,8 @@ class _NoLLM:
 
 
 def _hook_with(store: Any, settings: CompactionSettings | None = None) -> CompactionHook:
-    compactor = Compactor(
-        settings or CompactionSettings(),
-        store,
-        _NoLLM(),
-        Prompts(detector="d", summarizer="s"),
-    )
-    return CompactionHook(compactor=compactor)
+    config = Config(compaction=settings or CompactionSettings())
+    return CompactionHook(service=build_service(config, _NoLLM(), store=store))
 
 
 class _Key:
@@ -529,18 +385,18 @@ def test_hook_skips_its_own_calls_and_other_call_types(tmp_path: Path) -> None:
     assert is_internal(internal)
     before = list(internal["messages"])
     asyncio.run(hook.async_pre_call_hook(_Key("k"), None, internal, "acompletion"))
-    assert internal["messages"] == before and hook._pending == {}
+    assert internal["messages"] == before and len(hook.calls) == 0
     embedding = {"model": MODEL, "input": "x", "litellm_call_id": "e"}
     asyncio.run(hook.async_pre_call_hook(_Key("k"), None, embedding, "aembedding"))
-    assert hook._pending == {}
+    assert len(hook.calls) == 0
     # A logging event for an internal call never touches a pending client request.
     asyncio.run(hook.async_pre_call_hook(_Key("k"), None, _chat_data(), "acompletion"))
-    assert "call-1" in hook._pending
+    assert "call-1" in hook.calls
     event = {"litellm_call_id": "call-1", "litellm_params": {"metadata": {INTERNAL_FLAG: True}}}
     asyncio.run(hook.async_log_success_event(event, None, None, None))
-    assert "call-1" in hook._pending
+    assert "call-1" in hook.calls
     asyncio.run(hook.async_log_success_event({"litellm_call_id": "call-1"}, None, None, None))
-    assert "call-1" not in hook._pending
+    assert "call-1" not in hook.calls
 
 
 def test_tenant_is_the_team_else_the_key() -> None:
@@ -579,7 +435,6 @@ def test_settings_come_from_env_then_litellm_config(
 
 def test_model_groups_resolve_to_the_underlying_model() -> None:
     """Token counts, context windows and prices come from the provider model behind a group."""
-    from hooks.litellm_compaction import underlying_model
 
     class Router:
         def get_model_list(self, model_name: str) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
-from hooks.litellm_compaction import LiteLLMRouterLLM  # noqa: E402
+from hooks.litellm_llm import LiteLLMRouterLLM  # noqa: E402
 from proxy.adapters.store import RedisStore  # noqa: E402
 from proxy.core.errors import CompactionFailed, StoreError  # noqa: E402
 from tests.checks import INLINE  # noqa: E402

@@ -6,6 +6,7 @@ not stop start-up; a store deleted or broken while running is noticed by a perio
 and by ``/readyz``. Either way: one error log line per change, ``compaction_proxy_store_up``
 0, ``/healthz`` says ``degraded`` (the process is alive: nothing to restart for), ``/readyz``
 answers 503 (readiness fails while the store is unusable), and the admin API answers 503.
+The two probes are routes of the server (``proxy.server.probes``); this module has no HTTP.
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
 from proxy.adapters.store import DiskStore, Store, open_store
 from proxy.core.errors import StoreError
@@ -118,24 +116,3 @@ class StoreHealth:
             except Exception:  # the watcher itself never dies
                 log.exception("store check failed")
             await asyncio.sleep(interval_s)
-
-
-def _health(request: Request) -> StoreHealth:
-    health: StoreHealth = request.app.state.health
-    return health
-
-
-async def healthz(request: Request) -> Response:
-    """Liveness: the process answers. ``degraded`` while the store is unusable."""
-    problem = _health(request).problem
-    if problem is None:
-        return JSONResponse({"status": "ok"})
-    return JSONResponse({"status": "degraded", "store": problem})
-
-
-async def readyz(request: Request) -> Response:
-    """Readiness: the store answers a write and a read now (checked on each call)."""
-    problem = await _health(request).check()
-    if problem is None:
-        return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "unavailable", "store": problem}, status_code=503)

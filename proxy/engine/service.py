@@ -1,0 +1,218 @@
+"""One request lifecycle behind both front doors: ``begin`` -> forward -> ``finish``.
+
+The Starlette server (``proxy.server``) and the LiteLLM hook (``hooks``) each translate their
+own request into an ``Incoming``, call ``Service.begin`` (request controls, the compactor's
+``prepare``), forward what it returns in their own way, and call ``Service.finish`` once the
+answer is known (the log line, ``Metrics.observe_request``, the ledger entry through the
+batched writer, and on success the stability tracker and any background compaction through
+``Compactor.schedule``). So the same request leaves the same ledger entry and metrics
+whichever door it came through. ``build_service`` builds a ``Service`` from a ``Config``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from proxy.adapters.health import StoreHealth, open_store_or_degraded
+from proxy.adapters.llm import LLM
+from proxy.adapters.store import Store, open_store
+from proxy.config import Config, load_prompt
+from proxy.core.controls import request_controls
+from proxy.core.messages import Message
+from proxy.core.prepared import Prepared, Prompts
+from proxy.engine.compactor import Compactor
+from proxy.operators import ledger
+from proxy.operators.metrics import Metrics
+
+log = logging.getLogger("compaction_proxy.service")
+
+
+@dataclass(frozen=True)
+class Incoming:
+    """One chat request as a front door describes it (plain values, no HTTP)."""
+
+    route: str  # the ledger's and the metrics' route label
+    messages: list[Message]
+    model: str  # as the client named it: opt-outs, detector and summarizer calls
+    tenant: str
+    tenant_name: str | None = None  # x-compaction-tenant
+    credential: str | None = None  # the client's key, relayed to the LLM (never logged)
+    compaction_header: str | None = None  # x-compaction: off | shadow
+    conversation_header: str | None = None  # x-conversation-id
+    # The provider model behind ``model`` (a LiteLLM model group): token counts, the
+    # context window and prices come from it. None: ``model`` itself.
+    counted_model: str | None = None
+    stateful: bool = False  # the provider keeps the conversation (never compacted)
+    summary_role: str | None = None
+    summary_joins: bool = False
+    outside_cache_marks: int = 0
+    reserve_tokens: int = 0  # tools and the requested reply, for the context-window guard
+    offload: bool = False  # a big body: identify and count it in a worker thread
+
+
+@dataclass
+class Call:
+    """One request between ``begin`` and ``finish``. ``prepared`` is None when the
+    compaction core failed (the request then goes upstream as the client sent it)."""
+
+    route: str
+    prepared: Prepared | None
+    started: float  # time.perf_counter() when the request arrived
+    overhead_s: float = 0.0  # the proxy's own time before forwarding
+    finished: bool = field(default=False, repr=False)
+
+    def forwarding(self) -> None:
+        """Mark the moment the request leaves for the upstream: the proxy's overhead ends."""
+        self.overhead_s = time.perf_counter() - self.started
+
+
+@dataclass
+class Service:
+    """The store, the compactor (with its batched writer), the metrics and the store's
+    health: what a front door needs, owned here and closed by ``close``."""
+
+    config: Config
+    store: Store
+    compactor: Compactor
+    metrics: Metrics
+    health: StoreHealth
+    owns_store: bool = True
+
+    async def begin(
+        self, route: str, describe: Callable[[], Incoming], *, started: float | None = None
+    ) -> Call:
+        """Controls and ``prepare`` for the request ``describe`` returns. Never raises: any
+        error in ``describe`` or in the core is logged and the call goes on unprepared
+        (fail open). ``started``: when the request arrived (default: now)."""
+        started = time.perf_counter() if started is None else started
+        prepared: Prepared | None
+        try:
+            incoming = describe()
+            controls = request_controls(
+                self.config.compaction,
+                header=incoming.compaction_header,
+                tenant=incoming.tenant,
+                tenant_name=incoming.tenant_name,
+                model=incoming.model,
+                messages=incoming.messages,
+                stateful=incoming.stateful,
+            )
+            prepared = await self.compactor.prepare(
+                incoming.messages,
+                model=incoming.counted_model or incoming.model,
+                llm_model=incoming.model if incoming.counted_model else None,
+                tenant=incoming.tenant,
+                credential=incoming.credential,
+                conversation_header=incoming.conversation_header,
+                controls=controls,
+                summary_role=incoming.summary_role,
+                offload=incoming.offload,
+                outside_cache_marks=incoming.outside_cache_marks,
+                summary_joins=incoming.summary_joins,
+                reserve_tokens=incoming.reserve_tokens,
+            )
+        except Exception:  # fail open: a compaction problem never fails the request
+            log.exception("compaction core failed; forwarding unchanged")
+            prepared = None
+        call = Call(route, prepared, started)
+        call.forwarding()
+        return call
+
+    def finish(
+        self, call: Call, usage: Any, status: int, *, upstream_s: float | None = None
+    ) -> None:
+        """After the response: the log line, the metrics, the ledger entry (queued for the
+        batched writer) and, on a 200, the stability tracker and any background compaction.
+
+        Once per call (later calls are ignored); never raises and never blocks. ``upstream_s``:
+        the upstream's time when the front door knows it (else measured since ``started``)."""
+        if call.finished:
+            return
+        call.finished = True
+        try:
+            self._finish(call, usage, status, upstream_s)
+        except Exception:
+            log.exception("after-response handling failed")
+
+    def _finish(self, call: Call, usage: Any, status: int, upstream_s: float | None) -> None:
+        prepared = call.prepared
+        if upstream_s is None:
+            latency = time.perf_counter() - call.started
+        else:
+            latency = call.overhead_s + max(upstream_s, 0.0)
+        _, cached, _, _ = ledger.usage_numbers(usage)
+        log.info(
+            "request",
+            extra={
+                "route": call.route,
+                "conversation": prepared.conversation if prepared else None,
+                "case": prepared.case if prepared else "error",
+                "tokens_before": prepared.original_tokens if prepared else None,
+                "tokens_after": prepared.forwarded_tokens if prepared else None,
+                "upstream_status": status,
+                "latency_ms": round(latency * 1000, 2),
+                "overhead_ms": round(call.overhead_s * 1000, 3),
+                "cached_tokens": cached,
+            },
+        )
+        self.metrics.observe_request(
+            prepared, status, latency, call.overhead_s, cached, route=call.route
+        )
+        if prepared is None:
+            return
+        if status == 200:
+            self.compactor.schedule(prepared)
+        entry = ledger.RequestEntry.of(
+            prepared,
+            route=call.route,
+            status=status,
+            usage=usage,
+            latency_s=latency,
+            overhead_s=call.overhead_s,
+        )
+        self.compactor.writer.record(entry, prepared.original)
+
+    async def close(self, timeout: float = 30) -> None:
+        """Wait for background compactions and queued writes; close the store if ours."""
+        await self.compactor.drain(timeout=timeout)
+        if self.owns_store:
+            self.store.close()
+
+
+def build_service(
+    config: Config,
+    llm: LLM,
+    *,
+    store: Store | None = None,
+    degraded_store: bool = True,
+) -> Service:
+    """The service for ``config`` with ``llm`` as the detector/summarizer client.
+
+    ``store``: use this one (tests; not closed by ``close``). Else the configured store is
+    opened: one that cannot be opened becomes an always-failing stand-in when
+    ``degraded_store`` (requests are then forwarded uncompacted), else the error is raised.
+    Raises ``ConfigError`` for an unreadable prompt file. Metrics get their own registry.
+    """
+    prompts = Prompts(
+        detector=load_prompt("detector", config.compaction),
+        summarizer=load_prompt("summarizer", config.compaction),
+    )
+    owns_store = store is None
+    if store is None:
+        url = config.store.url
+        store = open_store_or_degraded(url) if degraded_store else open_store(url)
+    metrics = Metrics()
+    compactor = Compactor(
+        config.compaction,
+        store,
+        llm,
+        prompts,
+        retention_s=config.retention_s,
+        on_event=metrics.observe_event,
+    )
+    health = StoreHealth(store, metrics.observe_store)
+    return Service(config, store, compactor, metrics, health, owns_store)

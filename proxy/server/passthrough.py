@@ -1,0 +1,65 @@
+"""Every other ``/v1/*`` path and method: relayed unchanged (bar hop-by-hop headers)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from proxy.adapters.forward import mapped_errors, request_headers, response_headers, upstream_url
+from proxy.engine.service import Service
+from proxy.operators import ledger
+from proxy.server.abort import BodyBroken
+from proxy.server.incoming import read_body
+from proxy.server.relay import SERVER_SET
+
+log = logging.getLogger("compaction_proxy.server")
+
+
+def raw_path(request: Request) -> str:
+    """The path as the client sent it, still percent-encoded (``/v1/%2e%2e`` stays so)."""
+    raw = request.scope.get("raw_path")
+    return raw.decode("latin-1") if isinstance(raw, bytes) else request.url.path
+
+
+def is_client_compaction(request: Request) -> bool:
+    """OpenAI's compaction endpoint: the client compacts its own history (relayed as is)."""
+    return request.method == "POST" and request.url.path.rstrip("/").endswith("/responses/compact")
+
+
+async def passthrough(request: Request) -> Response:
+    """Relay the request and stream the answer back as its raw bytes."""
+    service: Service = request.app.state.res
+    client: httpx.AsyncClient = request.app.state.client
+    config = service.config
+    raw = await read_body(request, config.max_body_bytes)
+    url = upstream_url(config.upstream.base_url, raw_path(request), request.url.query)
+    headers = request_headers(request.scope["headers"], config.upstream.api_key)
+    upstream_request = client.build_request(request.method, url, content=raw, headers=headers)
+    async with mapped_errors():
+        upstream = await client.send(upstream_request, stream=True)
+    if upstream.status_code < 400 and is_client_compaction(request):
+        service.compactor.spawn_io(ledger.count_client_compaction, service.store)
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            async for chunk in upstream.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as exc:
+            log.warning("upstream passthrough broke", extra={"error": type(exc).__name__})
+            # Ending the body normally would tell the client it got everything: raising
+            # makes the server drop the connection, which is what a broken upstream did.
+            raise BodyBroken from exc
+        finally:
+            await upstream.aclose()
+
+    relayed = response_headers(upstream.headers, drop=SERVER_SET)
+    length = upstream.headers.get("content-length")
+    if length is not None and length.isdigit():
+        # The raw bytes are relayed, so the upstream's length is ours; the client can tell
+        # a short body from a whole one.
+        relayed["content-length"] = length
+    return StreamingResponse(body(), status_code=upstream.status_code, headers=relayed)

@@ -1,0 +1,207 @@
+"""Forwarding a prepared request and relaying the answer, whole or streamed.
+
+Each function ends the request's ``Call`` with ``Service.finish`` exactly once: when the
+answer is known (its usage read from the body, the SSE events or the body's last bytes),
+or with 499 when the client went away first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+from starlette.responses import Response, StreamingResponse
+
+from proxy.adapters.forward import mapped_errors, response_headers
+from proxy.engine.service import Call, Service
+from proxy.server.abort import BodyBroken
+from proxy.server.bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
+from proxy.server.sse import EventSplitter, event_json, is_terminal, is_usage_only
+from proxy.server.surfaces import Surface, usage_of
+
+log = logging.getLogger("compaction_proxy.server")
+# Set by the server answering (uvicorn): relaying the upstream's too would send two of each.
+SERVER_SET = frozenset({"date", "server"})
+# Not relayed on the routes the proxy reads: it asked for the body unencoded.
+RELAY_DROPPED = frozenset({"content-encoding"}) | SERVER_SET
+
+
+async def forward_whole(
+    service: Service,
+    client: httpx.AsyncClient,
+    call: Call,
+    request: httpx.Request,
+    own: dict[str, str],
+) -> Response:
+    """A non-streamed request: ``upstream.timeout_s`` bounds the whole of it. An answer up
+    to ``WHOLE_BODY_BYTES`` is read whole (its usage parsed); a bigger one is relayed as it
+    arrives, its usage read from its last bytes."""
+    timeout_s = service.config.upstream.timeout_s
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    async with mapped_errors(deadline_s=timeout_s):
+        upstream = await client.send(request, stream=True)
+        try:
+            head, rest = await _read_up_to(upstream, WHOLE_BODY_BYTES)
+        except BaseException:
+            await upstream.aclose()
+            raise
+    out_headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
+    if rest is None:
+        await upstream.aclose()
+        usage = None
+        if upstream.status_code == 200:
+            try:
+                usage = usage_of(orjson.loads(head))
+            except orjson.JSONDecodeError:
+                usage = None
+        service.finish(call, usage, upstream.status_code)
+        return Response(head, status_code=upstream.status_code, headers=out_headers)
+    length = upstream.headers.get("content-length")
+    if length and length.isdigit() and "content-encoding" not in upstream.headers:
+        out_headers["content-length"] = length  # a short body is then seen as short
+    return StreamingResponse(
+        _relay_whole(service, call, upstream, head, rest, deadline),
+        status_code=upstream.status_code,
+        headers=out_headers,
+    )
+
+
+async def _read_up_to(
+    upstream: httpx.Response, limit: int
+) -> tuple[bytes, AsyncIterator[bytes] | None]:
+    """The body if it ends within ``limit`` bytes (and None); else what was read so far and
+    the rest of the body still to come."""
+    chunks: list[bytes] = []
+    size = 0
+    rest = upstream.aiter_bytes()
+    async for chunk in rest:
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return b"".join(chunks), rest
+    return b"".join(chunks), None
+
+
+async def _relay_whole(
+    service: Service,
+    call: Call,
+    upstream: httpx.Response,
+    head: bytes,
+    rest: AsyncIterator[bytes],
+    deadline: float,
+) -> AsyncIterator[bytes]:
+    loop = asyncio.get_running_loop()
+    tail = head[-TAIL_BYTES:]
+    completed = False
+    try:
+        yield head
+        while True:
+            # The deadline wraps each read only, never a yield (the client's pace is not the
+            # upstream's, and a timeout must not cancel the write in progress).
+            async with asyncio.timeout(max(deadline - loop.time(), 0)):
+                try:
+                    chunk = await anext(rest)
+                except StopAsyncIteration:
+                    break
+            tail = (tail + chunk)[-TAIL_BYTES:]
+            yield chunk
+        completed = True
+    except (httpx.HTTPError, TimeoutError) as exc:
+        log.warning("upstream body broke", extra={"error": type(exc).__name__})
+        raise BodyBroken from exc
+    finally:
+        await upstream.aclose()
+        status = upstream.status_code if completed else 499
+        usage = usage_in_tail(tail) if completed and status == 200 else None
+        service.finish(call, usage, status)
+
+
+async def forward_stream(
+    service: Service,
+    client: httpx.AsyncClient,
+    call: Call,
+    surface: Surface,
+    request: httpx.Request,
+    own: dict[str, str],
+    drop_usage: bool,
+) -> Response:
+    """A streamed request: an error answer is relayed whole, a 200 event by event."""
+    async with mapped_errors():
+        upstream = await client.send(request, stream=True)
+    headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
+    if upstream.status_code != 200:
+        try:
+            async with mapped_errors():
+                content = await upstream.aread()
+        finally:
+            await upstream.aclose()
+        service.finish(call, None, upstream.status_code)
+        return Response(content, status_code=upstream.status_code, headers=headers)
+    events = _relay_events(service, call, surface, upstream, drop_usage)
+    return StreamingResponse(events, status_code=200, headers=headers)
+
+
+async def _relay_events(
+    service: Service,
+    call: Call,
+    surface: Surface,
+    upstream: httpx.Response,
+    drop_usage: bool,
+) -> AsyncIterator[bytes]:
+    """Relay SSE events as they complete; read usage from the events that carry it.
+
+    The stream is complete once its terminal event (``[DONE]``, ``message_stop``,
+    ``response.completed``...) has been relayed: the request counts as a success then and
+    the rest of the upstream connection is not waited for (a client that closes right after
+    the terminal event, as the openai SDK does, is not a disconnect).
+    """
+    splitter = EventSplitter()
+    usage: dict[str, Any] = {}
+    completed = False
+    try:
+        async for chunk in upstream.aiter_raw():
+            # Every event completed by this read goes out at once, in one write: nothing
+            # waits for later bytes, and the client is not sent one syscall per event.
+            out = []
+            terminal = False
+            for event in splitter.feed(chunk):
+                if b'"usage"' in event:
+                    obj = event_json(event)
+                    found = usage_of(obj)
+                    if found:
+                        # Anthropic splits usage over message_start and message_delta.
+                        usage.update({k: v for k, v in found.items() if v is not None})
+                        if drop_usage and is_usage_only(obj):
+                            continue
+                out.append(event)
+                terminal = terminal or is_terminal(event)
+            if terminal:
+                # Recorded before the write: the client may close as soon as it has it.
+                completed = True
+                service.finish(call, usage or None, 200)
+            if out:
+                yield b"".join(out)
+            if terminal:
+                break
+        else:
+            rest = splitter.flush()
+            if rest:
+                yield rest
+            completed = True
+    except httpx.HTTPError as exc:
+        log.warning("upstream stream broke", extra={"error": type(exc).__name__})
+        if not completed:
+            message = surface.error_body(
+                "upstream stream interrupted", "upstream_error", "upstream_error"
+            )
+            yield b"event: error\ndata: " + orjson.dumps(message) + b"\n\n"
+    finally:
+        # Recorded first (a no-op after the terminal event): a client gone away cancels
+        # this generator, and the awaited close below may not return.
+        service.finish(call, usage or None, 200 if completed else 499)
+        # Also runs when the client goes away: closing cancels the upstream request.
+        await upstream.aclose()
