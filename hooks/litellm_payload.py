@@ -64,7 +64,6 @@ def describe(data: Mapping[str, Any], user_api_key_dict: Any) -> Incoming:
     headers = request_headers(data)
     model: str = data["model"]
     return Incoming(
-        route=ROUTE,
         messages=data["messages"],
         model=model,
         tenant=tenant_of(user_api_key_dict, headers),

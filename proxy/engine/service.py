@@ -35,7 +35,6 @@ log = logging.getLogger("compaction_proxy.service")
 class Incoming:
     """One chat request as a front door describes it (plain values, no HTTP)."""
 
-    route: str  # the ledger's and the metrics' route label
     messages: list[Message]
     model: str  # as the client named it: opt-outs, detector and summarizer calls
     tenant: str
@@ -85,9 +84,10 @@ class Service:
     async def begin(
         self, route: str, describe: Callable[[], Incoming], *, started: float | None = None
     ) -> Call:
-        """Controls and ``prepare`` for the request ``describe`` returns. Never raises: any
-        error in ``describe`` or in the core is logged and the call goes on unprepared
-        (fail open). ``started``: when the request arrived (default: now)."""
+        """Controls and ``prepare`` for the request ``describe`` returns; ``route`` labels it
+        in the ledger and the metrics. Never raises: any error in ``describe`` or in the core
+        is logged and the call goes on unprepared (fail open). ``started``: when the request
+        arrived (default: now)."""
         started = time.perf_counter() if started is None else started
         prepared: Prepared | None
         try:

@@ -70,7 +70,6 @@ def describe(
     credential = credential_of(request)
     tenant_name = request.headers.get("x-compaction-tenant")
     return Incoming(
-        route=surface.name,
         messages=surface.to_view(body),
         model=body["model"],
         tenant=tenant_id(credential, tenant_name),
