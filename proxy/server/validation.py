@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from itertools import chain, compress
 from typing import Any
 
 import orjson
@@ -16,11 +17,8 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function
 MAX_DEPTH = 200
 
 
-# Past this size a body is parsed value by value (see ``parse_in_slices``) ...
+# Past this size a body is parsed in slices (see ``parse_in_slices``).
 SLICED_BYTES = 1024 * 1024
-# ... unless it escapes UTF-16 surrogates: orjson refuses a lone one (which it could never
-# write back), the standard library does not, so such a body keeps orjson's verdict.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abAB]")
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
@@ -28,9 +26,8 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
     if not raw:
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        sliced = len(raw) >= SLICED_BYTES and not _SURROGATE_ESCAPE.search(raw)
-        body = parse_in_slices(raw) if sliced else orjson.loads(raw)
-    except (orjson.JSONDecodeError, ValueError) as exc:
+        body = parse_in_slices(raw) if len(raw) >= SLICED_BYTES else orjson.loads(raw)
+    except (ValueError, RecursionError) as exc:  # (orjson.JSONDecodeError is a ValueError)
         raise BadRequest(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("request body must be a JSON object")
@@ -42,19 +39,66 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 
 
 def within_depth(value: Any, limit: int) -> bool:
-    """Whether no array or object in ``value`` lies more than ``limit`` levels deep."""
-    level: list[Any] = [value]
+    """Whether no array or object in ``value`` lies more than ``limit`` levels deep.
+
+    orjson writes at most ``_WRITABLE`` levels: ``value`` inside ``_WRITABLE - limit``
+    arrays is written exactly when it is within ``limit``, in one C call (a Python walk over
+    every value of a big history cost as much as parsing it). When orjson refuses, for its
+    depth or for a value it cannot write (an integer past 64 bits), the walk decides."""
+    if 0 < limit <= _WRITABLE:
+        wrapped = value
+        for _ in range(_WRITABLE - limit):
+            wrapped = [wrapped]
+        try:
+            orjson.dumps(wrapped)
+            return True
+        except orjson.JSONEncodeError:
+            pass
+    return _walk_within(value, limit)
+
+
+def _walk_within(value: Any, limit: int) -> bool:
+    """``within_depth`` level by level, iterating in C (``map``, ``compress``, ``chain``)."""
+    level: list[Any] = [value] if type(value) in _CONTAINERS else []
     depth = 1
     while level:
         if depth > limit:
             return False
-        below: list[Any] = []
-        for node in level:
-            children = node.values() if type(node) is dict else node
-            below.extend(c for c in children if type(c) is dict or type(c) is list)
-        level = below
+        dicts = compress(level, map(_IS_DICT, map(type, level)))
+        lists = compress(level, map(_IS_LIST, map(type, level)))
+        children = [*chain.from_iterable(map(dict.values, dicts)), *chain.from_iterable(lists)]
+        level = list(compress(children, map(_IS_CONTAINER, map(type, children))))
         depth += 1
     return True
+
+
+_CONTAINERS = frozenset({dict, list})
+_IS_CONTAINER = _CONTAINERS.__contains__
+_IS_DICT = frozenset({dict}).__contains__
+_IS_LIST = frozenset({list}).__contains__
+
+
+def _writable_levels() -> int:
+    """The levels of arrays orjson writes (254 in every version so far); 0 if not that."""
+
+    def nested(levels: int) -> Any:
+        value: Any = 0
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    try:
+        orjson.dumps(nested(254))
+    except orjson.JSONEncodeError:
+        return 0
+    try:
+        orjson.dumps(nested(255))
+    except orjson.JSONEncodeError:
+        return 254
+    return 0
+
+
+_WRITABLE = _writable_levels()
 
 
 def validate_chat(body: dict[str, Any]) -> None:
@@ -103,63 +147,157 @@ def _no_constant(name: str) -> Any:
 
 _DECODER = json.JSONDecoder(parse_constant=_no_constant)
 _SPACE = re.compile(r"[ \t\n\r]*")
+_SURROGATE_TEXT = re.compile(r"\\u[dD][89a-fA-F]")  # D800-DFFF
+# A big array is parsed by orjson a slice of about this many characters at a time (well under
+# a millisecond each) ...
+_SLICE = 64 * 1024
+# ... ending at an element boundary: '}', JSON whitespace, then ',' or the array's ']' (an
+# array of objects; any other array is parsed element by element). A boundary is only a
+# candidate, found without knowing whether it lies inside a string or a nested value: the
+# slice is kept only if orjson parses it as an array, which it does exactly when the cut is
+# between two elements of this array (parsed from a real element start, a cut inside a
+# string leaves it unterminated, a cut inside a nested value leaves it unclosed).
+_BOUNDARY = re.compile(r"\}[ \t\n\r]*[,\]]")
+_WINDOW = 16 * 1024  # how far past ``_SLICE`` a boundary is looked for
+_TRIES = 2  # candidates tried per slice
+_FAILURES = 16  # slices refused per body before the standard library parses the rest
+# The key the rest of the body is parsed under, as JSON text; never used when the body has it.
+_TAIL_KEY = "\\u0000"
+
+
+class _Surrogates(Exception):
+    """The standard library met a UTF-16 surrogate escape: orjson gives the verdict (it
+    refuses a lone surrogate, which it could never write back; the standard library does not)."""
 
 
 def parse_in_slices(raw: bytes) -> Any:
-    """The same value as ``orjson.loads(raw)``, parsed one top-level member and one array
-    element at a time.
+    """The same value as ``orjson.loads(raw)``, parsed in slices of at most ~64 K characters.
 
     One C call over megabytes holds the interpreter lock throughout, so a big body parsed
     in a worker thread still silenced the event loop (and ``/healthz``) for its whole
-    parse; between these small calls other threads run. Raises ``ValueError`` when the
-    body is not JSON.
+    parse; between these calls other threads run. The members of the top-level object and
+    the elements of a top-level array (the messages) are found one at a time; runs of
+    elements are parsed by orjson (``_BOUNDARY``), the last ``2 * _SLICE`` characters in one
+    call, and what no slice covers by the standard library. A surrogate escape where the
+    standard library parses means the whole body is orjson's (which refuses a lone one, the
+    standard library does not). Raises ``ValueError`` when the body is not JSON.
     """
     text = raw.decode("utf-8")
-    decode, space = _DECODER.raw_decode, _SPACE.match
+    try:
+        return _Slices(text).parse()
+    except _Surrogates:
+        return orjson.loads(raw)
 
-    def skip(at: int) -> int:
-        found = space(text, at)
+
+class _Slices:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.failures = 0
+
+    def skip(self, at: int) -> int:
+        found = _SPACE.match(self.text, at)
         return found.end() if found else at
 
-    def expect(at: int, char: str) -> int:
-        if text[at : at + 1] != char:
+    def expect(self, at: int, char: str) -> int:
+        if self.text[at : at + 1] != char:
             raise ValueError(f"expected {char!r} at character {at}")
-        return skip(at + 1)
+        return self.skip(at + 1)
 
-    def value(at: int) -> tuple[Any, int]:
-        if text[at : at + 1] != "[":
-            return decode(text, at)
+    def std(self, at: int) -> tuple[Any, int]:
+        """The standard library's value at ``at`` (where it ends)."""
+        value, end = _DECODER.raw_decode(self.text, at)
+        if _SURROGATE_TEXT.search(self.text, at, end):
+            raise _Surrogates
+        return value, end
+
+    def fast(self, piece: str) -> Any:
+        """orjson's value of ``piece``; None (a failure counted) when it is not JSON."""
+        try:
+            return orjson.loads(piece)
+        except orjson.JSONDecodeError:
+            self.failures += 1
+            return None
+
+    def run(self, at: int) -> tuple[list[Any], int] | None:
+        """Elements from ``at`` up to a boundary about ``_SLICE`` on, in one orjson call, and
+        where their separator ends."""
+        text = self.text
+        found = _BOUNDARY.finditer(text, at + _SLICE, at + _SLICE + _WINDOW)
+        for _, cut in zip(range(_TRIES), found, strict=False):
+            if self.failures >= _FAILURES:
+                return None
+            items = self.fast("[" + text[at : cut.start() + 1] + "]")
+            if items is not None:
+                return items, cut.end()
+        return None
+
+    def array(self, at: int, member: bool) -> tuple[list[Any], int, dict[str, Any] | None]:
+        """The array opening at ``at``, where it ends, and, when the rest of the body was
+        parsed with it (``member``: it is a member of the top-level object), the members
+        after it."""
+        text = self.text
         items: list[Any] = []
-        at = skip(at + 1)
+        at = self.skip(at + 1)
         if text[at : at + 1] == "]":
-            return items, at + 1
+            return items, at + 1, None
+        retry = at  # where orjson is tried again after a refused slice
         while True:
-            item, at = decode(text, at)
+            if text[at : at + 1] == "]":  # after a comma
+                raise ValueError(f"value expected at character {at}")
+            if at >= retry and self.failures < _FAILURES:
+                rest = len(text) - at
+                if member and rest <= 2 * _SLICE and text.find(_TAIL_KEY, at) < 0:
+                    tail = self.fast('{"' + _TAIL_KEY + '":[' + text[at:])
+                    if tail is not None:
+                        items.extend(tail.pop("\x00"))
+                        return items, len(text), tail
+                else:
+                    got = self.run(at)
+                    if got is not None:
+                        more, at = got
+                        items.extend(more)
+                        if text[at - 1] == "]":
+                            return items, at, None
+                        at = self.skip(at)
+                        continue
+                retry = at + _SLICE
+            item, at = self.std(at)
             items.append(item)
-            at = skip(at)
+            at = self.skip(at)
             if text[at : at + 1] == "]":
-                return items, at + 1
-            at = expect(at, ",")
+                return items, at + 1, None
+            at = self.expect(at, ",")
 
-    at = skip(0)
-    if text[at : at + 1] != "{":
-        result, at = value(at)
-    else:
-        result = {}
-        at = skip(at + 1)
-        if text[at : at + 1] == "}":
-            at += 1
+    def value(self, at: int, member: bool) -> tuple[Any, int, dict[str, Any] | None]:
+        if self.text[at : at + 1] == "[":
+            return self.array(at, member)
+        value, at = self.std(at)
+        return value, at, None
+
+    def parse(self) -> Any:
+        text = self.text
+        at = self.skip(0)
+        if text[at : at + 1] != "{":
+            result, at, _ = self.value(at, False)
         else:
-            while True:
-                key, at = decode(text, at)
-                if not isinstance(key, str):
-                    raise ValueError(f"object key expected at character {at}")
-                result[key], at = value(expect(skip(at), ":"))
-                at = skip(at)
-                if text[at : at + 1] == "}":
-                    at += 1
-                    break
-                at = expect(at, ",")
-    if skip(at) != len(text):
-        raise ValueError(f"extra data at character {skip(at)}")
-    return result
+            result = {}
+            at = self.skip(at + 1)
+            if text[at : at + 1] == "}":
+                at += 1
+            else:
+                while True:
+                    key, at = self.std(at)
+                    if not isinstance(key, str):
+                        raise ValueError(f"object key expected at character {at}")
+                    result[key], at, rest = self.value(self.expect(self.skip(at), ":"), True)
+                    if rest is not None:  # the rest of the body came with it
+                        result.update(rest)
+                        break
+                    at = self.skip(at)
+                    if text[at : at + 1] == "}":
+                        at += 1
+                        break
+                    at = self.expect(at, ",")
+        if self.skip(at) != len(text):
+            raise ValueError(f"extra data at character {self.skip(at)}")
+        return result
