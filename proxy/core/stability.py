@@ -60,10 +60,11 @@ class StabilityState:
 
 def prompt_items(fps: Sequence[bytes], head_len: int, summary_index: int | None) -> list[str]:
     """Item ids of a forwarded prompt, given each message's fingerprint."""
-    items = []
-    for i, fp in enumerate(fps):
-        kind = "system" if i < head_len else "summary" if i == summary_index else "history"
-        items.append(f"{kind}:{fp.hex()[:16]}")
+    items = [f"history:{fp[:8].hex()}" for fp in fps]  # (the first 16 hex digits)
+    for i in range(min(head_len, len(items))):
+        items[i] = "system:" + items[i][8:]
+    if summary_index is not None and head_len <= summary_index < len(items):
+        items[summary_index] = "summary:" + items[summary_index][8:]
     return items
 
 
@@ -79,11 +80,14 @@ def observe(
     old = list(previous.items) if previous else []
     if previous is not None and previous.record != record:
         old = [(item, n) if not item.startswith("history:") else ("", 0) for item, n in old]
-    counted = []
-    intact = True  # a provider cache is a prefix: after the first change nothing is reused
-    for i, item in enumerate(items):
-        intact = intact and i < len(old) and old[i][0] == item
-        counted.append((item, old[i][1] + 1 if intact else 0))
+    # A provider cache is a prefix: after the first change nothing is reused.
+    same = 0
+    for (was, _), item in zip(old, items, strict=False):
+        if was != item:
+            break
+        same += 1
+    counted = [(item, old[i][1] + 1) for i, item in enumerate(items[:same])]
+    counted += [(item, 0) for item in items[same:]]
     return StabilityState(record, tuple(counted))
 
 
