@@ -16,8 +16,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.core.errors import BadRequest
 from proxy.server import validation
-from proxy.server.validation import _walk_within, parse_in_slices, within_depth
+from proxy.server.validation import (
+    _check_message,
+    _walk_within,
+    parse_in_slices,
+    validate_chat,
+    within_depth,
+)
 
 TRICKY = ['}, {"role": "user"}', '\\"}, {\\"', "}]", "},", "\\", '"', "é ☃ 𝄞", "\\u0000", ""]
 
@@ -151,3 +158,39 @@ def test_depth_of_values_orjson_cannot_write() -> None:
 @given(value=values, limit=st.integers(0, 6))
 def test_depth_properties(value: Any, limit: int) -> None:
     assert within_depth(value, limit) == _walk_within(value, limit)
+
+
+@pytest.mark.parametrize("role", [[], {}, 3, None, "robot"])
+def test_a_role_that_is_not_a_known_string_is_a_400(role: Any) -> None:
+    with pytest.raises(BadRequest, match=r"messages\[1\].role"):
+        validate_chat(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "a"}, {"role": role, "content": "x"}],
+            }
+        )
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    message=st.dictionaries(
+        st.sampled_from(["role", "content", "name", "tool_call_id", "tool_calls", "x"]),
+        st.one_of(
+            st.none(),
+            st.sampled_from(["user", "tool", "robot", ""]),
+            st.integers(0, 1),
+            st.lists(st.one_of(st.just({"type": "text"}), st.just({}), st.just(1)), max_size=2),
+        ),  # fmt: skip
+        max_size=4,
+    )
+)
+def test_the_shortcuts_accept_what_the_full_check_accepts(message: dict[str, Any]) -> None:
+    def verdict(check: Any) -> str | None:
+        try:
+            check()
+        except BadRequest as exc:
+            return str(exc)
+        return None
+
+    body = {"model": "m", "messages": [message]}
+    assert verdict(lambda: validate_chat(body)) == verdict(lambda: _check_message(0, message))

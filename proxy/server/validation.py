@@ -112,33 +112,48 @@ def validate_chat(body: dict[str, Any]) -> None:
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be a boolean")
     for i, m in enumerate(messages):
-        # The common case, checked cheaply first: {"role": ..., "content": "text"}.
-        if type(m) is dict and len(m) == 2 and type(m.get("content")) is str:
-            if m.get("role") in ROLES:
-                continue
-        where = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise BadRequest(f"{where} must be an object")
-        role = m.get("role")
-        if not isinstance(role, str) or role not in ROLES:
-            raise BadRequest(f"{where}.role must be one of {sorted(ROLES)}")
-        content = m.get("content")
-        if content is not None and not isinstance(content, str | list):
-            raise BadRequest(f"{where}.content must be a string, an array of parts or null")
-        if isinstance(content, list):
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or not isinstance(part.get("type"), str):
-                    raise BadRequest(f"{where}.content[{j}] must be an object with a 'type'")
-        for key in ("name", "tool_call_id"):
-            if key in m and m[key] is not None and not isinstance(m[key], str):
-                raise BadRequest(f"{where}.{key} must be a string")
-        calls = m.get("tool_calls")
-        if calls is not None:
-            if not isinstance(calls, list):
-                raise BadRequest(f"{where}.tool_calls must be an array")
-            for j, call in enumerate(calls):
-                if not isinstance(call, dict):
-                    raise BadRequest(f"{where}.tool_calls[{j}] must be an object")
+        # The common shapes, checked cheaply first: {"role": ..., "content": "text"}, a tool
+        # result (with a "tool_call_id") and a tool-calling turn (content text or null).
+        if type(m) is dict:
+            role, content = m.get("role"), m.get("content")
+            if type(role) is str and role in ROLES:
+                n = len(m)
+                if type(content) is str and (
+                    n == 2 or n == 3 and type(m.get("tool_call_id")) is str
+                ):
+                    continue
+                if n == 3 and (content is None and "content" in m or type(content) is str):
+                    calls = m.get("tool_calls")
+                    if type(calls) is list and all(type(c) is dict for c in calls):
+                        continue
+        _check_message(i, m)
+
+
+def _check_message(i: int, m: Any) -> None:
+    where = f"messages[{i}]"
+    if not isinstance(m, dict):
+        raise BadRequest(f"{where} must be an object")
+    role = m.get("role")
+    if not isinstance(role, str) or role not in ROLES:
+        raise BadRequest(f"{where}.role must be one of {sorted(ROLES)}")
+    content = m.get("content")
+    if content is not None and not isinstance(content, str | list):
+        raise BadRequest(f"{where}.content must be a string, an array of parts or null")
+    if isinstance(content, list):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+                raise BadRequest(f"{where}.content[{j}] must be an object with a 'type'")
+    for key in ("name", "tool_call_id"):
+        value = m.get(key)
+        if value is not None and not isinstance(value, str):
+            raise BadRequest(f"{where}.{key} must be a string")
+    calls = m.get("tool_calls")
+    if calls is not None:
+        if not isinstance(calls, list):
+            raise BadRequest(f"{where}.tool_calls must be an array")
+        for j, call in enumerate(calls):
+            if not isinstance(call, dict):
+                raise BadRequest(f"{where}.tool_calls[{j}] must be an object")
 
 
 def _no_constant(name: str) -> Any:
