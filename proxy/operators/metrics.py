@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -45,6 +46,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Model names come from clients: past this many distinct names a process reports "other",
 # so a client cannot grow the number of series without bound.
 MAX_MODEL_LABELS = 64
+_MAX_CHILD_SETS = 4096
 FAILURE_PURPOSES = ("detector", "summarizer")
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -65,6 +67,20 @@ def input_price(model: str) -> float:
     return info.input_cost_per_token if info and info.input_cost_per_token else 0.0
 
 
+@dataclass(frozen=True)
+class _RequestChildren:
+    """The series one kind of request (route, case, status, model) counts in."""
+
+    requests: Any
+    upstream_latency: Any
+    overhead: Any
+    cached_tokens: Any
+    original_tokens: Any
+    forwarded_tokens: Any
+    saved_tokens: Any
+    saved_usd: Any
+
+
 class Metrics:
     """The proxy's counters and histograms. Every ``observe_*`` method is cheap and never raises."""
 
@@ -77,6 +93,9 @@ class Metrics:
                 "/metrics shows this worker only"
             )
         self._models: set[str] = set()
+        # The labelled children a request touches, by its labels: ``labels()`` costs a
+        # couple of microseconds a call (label checks, a lock), eight calls a request.
+        self._children: dict[tuple[str, ...], Any] = {}
         r = self.registry
         self.requests = Counter(
             f"{PREFIX}_requests",
@@ -225,13 +244,14 @@ class Metrics:
             case = prepared.case if prepared is not None else Case.ERROR
             if prepared is not None and prepared.shadow:
                 case = Case.SHADOW
-            self.requests.labels(route, case, str(status)).inc()
-            self.upstream_latency.labels(route).observe(max(latency - overhead, 0.0))
-            self.overhead.labels(route).observe(max(overhead, 0.0))
             model = self._model_label(prepared.model if prepared is not None else "unknown")
+            c = self._request_children(route, case, str(status), model)
+            c.requests.inc()
+            c.upstream_latency.observe(max(latency - overhead, 0.0))
+            c.overhead.observe(max(overhead, 0.0))
             # inc(0) too: every series exists from a model's first request, so queries and
             # ratios over them work before the first saving or cache hit.
-            self.cached_tokens.labels(route, model).inc(max(cached, 0))
+            c.cached_tokens.inc(max(cached, 0))
             if prepared is None:
                 return
             original, forwarded = prepared.original_tokens, prepared.forwarded_tokens
@@ -241,12 +261,30 @@ class Metrics:
                 self.shadow_saved_tokens.labels(route, model).inc(would)
                 forwarded = original
             saved = max(original - forwarded, 0)
-            self.original_tokens.labels(route, model).inc(original)
-            self.forwarded_tokens.labels(route, model).inc(forwarded)
-            self.saved_tokens.labels(route, model).inc(saved)
-            self.saved_usd.labels(route, model).inc(saved * input_price(prepared.model))
+            c.original_tokens.inc(original)
+            c.forwarded_tokens.inc(forwarded)
+            c.saved_tokens.inc(saved)
+            c.saved_usd.inc(saved * input_price(prepared.model))
         except Exception:  # metrics never break a request
             log.exception("metrics: observe_request failed")
+
+    def _request_children(self, route: str, case: str, status: str, model: str) -> Any:
+        key = (route, case, status, model)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) >= _MAX_CHILD_SETS:  # (statuses are the upstream's)
+                self._children.clear()
+            found = self._children[key] = _RequestChildren(
+                requests=self.requests.labels(route, case, status),
+                upstream_latency=self.upstream_latency.labels(route),
+                overhead=self.overhead.labels(route),
+                cached_tokens=self.cached_tokens.labels(route, model),
+                original_tokens=self.original_tokens.labels(route, model),
+                forwarded_tokens=self.forwarded_tokens.labels(route, model),
+                saved_tokens=self.saved_tokens.labels(route, model),
+                saved_usd=self.saved_usd.labels(route, model),
+            )
+        return found
 
     def observe_rejection(self, route: str, reason: str) -> None:
         """One request the proxy refused itself (bad body, unknown route, ...)."""
