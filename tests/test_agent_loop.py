@@ -155,7 +155,7 @@ def test_over_the_context_window_with_nothing_to_drop_is_a_clear_error(tmp_path:
             aclient = anthropic.Anthropic(base_url=px.root, api_key="sk-ant", max_retries=0)
             try:
                 aclient.messages.create(
-                    model="claude-sonnet-4-5-20250929",
+                    model="claude-opus-4-5-20251101",  # 200k window; not deprecated
                     max_tokens=100,
                     messages=[{"role": "user", "content": "word " * 210_000}],
                 )
