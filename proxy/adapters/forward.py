@@ -69,8 +69,11 @@ def make_client(
 
 
 @functools.lru_cache(maxsize=256)  # pure; the chat routes ask the same every request
-def upstream_url(base_url: str, path: str, query: str) -> str:
+def upstream_url(base_url: str, path: str, query: str) -> httpx.URL:
     """Map ``/v1/<rest>`` on the proxy to ``<base_url>/<rest>`` upstream.
+
+    Parsed once (an ``httpx.URL``, immutable): given a string, ``build_request`` parsed it
+    again on every request (~18 us of its ~35).
 
     ``path`` is the path as the client sent it (still percent-encoded, ASGI ``raw_path``):
     a dot segment (``..``, ``%2e%2e``, ``..%2f``) could climb out of the base's path once
@@ -87,7 +90,7 @@ def upstream_url(base_url: str, path: str, query: str) -> str:
     expected = base.raw_path.rstrip(b"/") + rest.encode()
     if target.raw_path != expected or target.netloc != base.netloc:
         raise BadRequest("request path does not map to a path under the upstream base URL")
-    return f"{url}?{query}" if query else url
+    return httpx.URL(f"{url}?{query}" if query else url)
 
 
 def check_path(path: str) -> None:
