@@ -17,6 +17,7 @@ What stays as with httpx's own transport, on purpose:
 - aiohttp's exceptions become httpx's (connect errors ``ConnectError`` with the OS error
   kept as the cause, timeouts ``ConnectTimeout``/``ReadTimeout``, a connection broken
   mid-answer ``ReadError``/``RemoteProtocolError``), so ``mapped_errors`` maps them the same;
+- no cookies are kept (``forward.no_cookie_jar``);
 - closing a response before its end closes its connection: a client that goes away cancels
   the upstream request rather than returning a half-read connection to the pool.
 """
@@ -104,6 +105,7 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                 skip_auto_headers=NO_AUTO_HEADERS,
                 auto_decompress=False,  # httpx decodes, as with its own transport
                 trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),  # shared by every tenant: keeps none
             )
         return self._session
 

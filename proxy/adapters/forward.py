@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import http.cookiejar
 import logging
 from collections.abc import AsyncIterator, Iterable, Mapping
 from urllib.parse import unquote
@@ -64,8 +65,20 @@ def make_client(
     if transport is None and upstream.transport == "aiohttp":
         transport = AiohttpTransport(limits)
     return httpx.AsyncClient(
-        timeout=timeout, limits=limits, transport=transport, http2=False, trust_env=False
+        timeout=timeout,
+        limits=limits,
+        transport=transport,
+        http2=False,
+        trust_env=False,
+        cookies=no_cookie_jar(),
     )
+
+
+def no_cookie_jar() -> http.cookiejar.CookieJar:
+    """A jar that keeps nothing. The one client serves every tenant: a cookie an upstream
+    sets on one client's answer (relayed to that client) must not go upstream with the next
+    request, whoever's it is, as clients' own cookies do not (``CLIENT_CLAIMS``)."""
+    return http.cookiejar.CookieJar(http.cookiejar.DefaultCookiePolicy(allowed_domains=[]))
 
 
 @functools.lru_cache(maxsize=256)  # pure; the chat routes ask the same every request
