@@ -118,7 +118,7 @@ class Prepared:
         unknown = changes.keys() - _FIELDS
         if unknown:
             raise TypeError(f"Prepared has no field {sorted(unknown)[0]!r}")
-        new = object.__new__(Prepared)
+        new = object.__new__(type(self))
         attrs = new.__dict__
         attrs.update(self.__dict__)
         attrs.update(changes)
