@@ -12,7 +12,7 @@ repetition runs the request path of ``proxy.server.app._serve`` piece by piece, 
 - ``validate``: the surface's schema checks;
 - ``view``: the neutral view, the tenant id and the request controls;
 - ``fingerprint``, ``chain`` (prefix chain and conversation ids), ``count`` (warm token
-  count): ``Compactor._identify``'s parts;
+  count): ``proxy.core.flow_prepare.identify``'s parts;
 - ``lookup+decide``: the rest of ``Compactor.prepare`` (store read, substitution, decision,
   stability tracking) - ``prepare`` minus the three parts above, which it runs again (from
   1,000 messages in a worker thread: the hop is in here too);
