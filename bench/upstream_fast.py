@@ -102,9 +102,12 @@ def _stream_asked(body: bytes) -> tuple[bool, bool]:
     return stream, usage
 
 
-# The proxy's summarizer request carries its transcript under this heading; only those
-# requests are parsed (while seeding records), never the measured ones.
+# The proxy's summarizer requests carry a transcript (or, in the reduce step of a long span's
+# map-reduce, the parts' summaries) under these headings; only those requests are parsed
+# (while seeding records), never the measured ones.
 SUMMARIZER_MARK = b"TRANSCRIPT ("
+REDUCE_MARK = b"SUMMARIES OF CONSECUTIVE PARTS"
+_LEAD = "The conversation so far covered these points: "
 
 
 def summary_of(body: bytes) -> str:
@@ -115,15 +118,17 @@ def summary_of(body: bytes) -> str:
         transcript = str(messages[-1]["content"])
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         return REPLY_TEXT
-    lines = [line.split(": ", 1)[-1].strip() for line in transcript.splitlines()[1:]]
+    lines = [line.removeprefix(_LEAD).rstrip(".") for line in transcript.splitlines()[1:]]
+    lines = [line.split(": ", 1)[-1].strip() for line in lines if not line.startswith("PART ")]
     kept = [line for line in lines if any(c.isdigit() for c in line) or "/" in line]
     text = " ".join(kept)[:1200].rsplit(" ", 1)[0]
-    return f"The conversation so far covered these points: {text}."
+    return f"{_LEAD}{text}."
 
 
 def response_for(method: bytes, url: bytes, body: bytes, keep_alive: bool) -> bytes:
     path = url.split(b"?", 1)[0].rstrip(b"/")
-    if method == b"POST" and path.endswith(b"/chat/completions") and SUMMARIZER_MARK in body:
+    summarizing = SUMMARIZER_MARK in body or REDUCE_MARK in body
+    if method == b"POST" and path.endswith(b"/chat/completions") and summarizing:
         summary = _completion(summary_of(body))
         length = b"content-length: %d\r\n" % len(summary)
         return _head("200 OK", b"application/json", length, keep_alive) + summary

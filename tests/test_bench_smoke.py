@@ -160,3 +160,33 @@ def test_rss_harness_reads_the_workers_memory(tmp_path: Path) -> None:
     for stage in stages:
         assert 0 < stage["anonymous"] <= stage["rss"] <= stage["peak"]
     assert "| start-up (/healthz answered) |" in done.stdout
+
+
+def test_the_fast_upstream_answers_every_summarizer_step_with_an_accepted_summary() -> None:
+    """Seeding the substitution rows compacts histories long enough for the summarizer's
+    map-reduce: the reduce step must get a summary the checks accept too, or the seeding
+    ends in an emergency cut (the full run once failed so)."""
+    import orjson
+
+    from bench import overhead, upstream_fast
+    from proxy.core.summarizer import summarize
+    from proxy.core.summarycheck import SummaryRejected
+
+    span = orjson.loads(overhead.request_body(500, stream=False))["messages"][1:-4]
+    steps = summarize("Summarize in {budget} tokens.", span, None, 500, 60_000)
+    ask, asked = next(steps), 0
+    while True:
+        # What the fast upstream answers this request, as the proxy would receive it.
+        raw = upstream_fast.response_for(
+            b"POST", b"/v1/chat/completions", orjson.dumps({"messages": ask}), True
+        )
+        answer = orjson.loads(raw.split(b"\r\n\r\n", 1)[1])
+        asked += 1
+        try:
+            ask = steps.send((answer["choices"][0]["message"]["content"], "stop"))
+        except StopIteration as done:
+            summary = done.value
+            break
+        except SummaryRejected as exc:  # pragma: no cover - the failure this test is for
+            raise AssertionError(f"step {asked} refused: {exc}") from exc
+    assert asked > 2 and summary.startswith("The conversation so far covered")
