@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from proxy.core.messages import Message
 from proxy.core.prepared import Outcome, Prepared
@@ -42,10 +42,19 @@ class Compute:
         return self.fn(*self.args)
 
 
+class Reply(Protocol):
+    """What a ``Complete`` command is answered with (``proxy.adapters.llm.LLMReply``)."""
+
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+
+
 @dataclass(frozen=True)
 class Complete:
-    """One detector or summarizer call. Result: an ``LLMReply``-like object with ``text``,
-    ``finish_reason``, ``model``, ``prompt_tokens`` and ``completion_tokens``."""
+    """One detector or summarizer call. Result: a ``Reply``."""
 
     model: str
     messages: list[Message]
@@ -102,4 +111,5 @@ __all__ = [
     "Outcome",
     "Persist",
     "Read",
+    "Reply",
 ]

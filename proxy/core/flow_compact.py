@@ -14,7 +14,7 @@ import logging
 import time
 
 from proxy.core import candidates, costs, detector, keyfacts, lossreport, planner, summarizer
-from proxy.core.commands import Complete, Cooldown, Emit, Flow, Persist, Read
+from proxy.core.commands import Complete, Cooldown, Emit, Flow, Persist, Read, Reply
 from proxy.core.errors import CompactionFailed, StoreError
 from proxy.core.lookup import lookup
 from proxy.core.modelmap import context_window
@@ -166,19 +166,17 @@ class Spent:
         self.tokens = 0
         self.usd = 0.0
 
-    def add(self, reply: object) -> None:
-        prompt = int(getattr(reply, "prompt_tokens", 0) or 0)
-        completion = int(getattr(reply, "completion_tokens", 0) or 0)
-        self.tokens += prompt + completion
-        prices = costs.prices_for(str(getattr(reply, "model", "") or ""))
-        self.usd += costs.llm_cost(prices, prompt, completion)
+    def add(self, reply: Reply) -> None:
+        self.tokens += reply.prompt_tokens + reply.completion_tokens
+        prices = costs.prices_for(reply.model)
+        self.usd += costs.llm_cost(prices, reply.prompt_tokens, reply.completion_tokens)
 
 
 def persist(p: Prepared, outcome: Outcome) -> Flow[Outcome]:
     """Store a new record and report it; the result serves this request even if the store
     is down (it was made for it)."""
     record = outcome.record
-    if record is None or outcome.reused:
+    if record is None:
         return outcome
     try:
         yield Persist(p.tenant, p.conversation, record)

@@ -179,9 +179,8 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
             env, p, candidates.pruning(env, p, at_least=s.prune_clear_at_least), llm_next=llm_next
         )
         if pruned.record is not None:
-            stored = yield from persist(p, pruned)
-            assert stored.record is not None
-            p = decide(reviewed(env, p, stored.record))
+            yield from persist(p, pruned)
+            p = decide(reviewed(env, p, pruned.record))
     if p.decision.action == "inline":
         outcome = yield CompactNow(p)
         if outcome.record is not None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from proxy.adapters.llm import LLM
@@ -140,19 +140,10 @@ class Compactor:
         raise TypeError(f"unknown command {command!r}")
 
     async def _read(self, command: Read) -> dict[str, Any]:
-        def read() -> dict[str, Any]:
-            got: dict[str, Any] = {}
-            for key in command.values:
-                held = self._recent.get(key)
-                got[key] = held[0] if held is not None else self.store.get(key)
-            for key in command.lists:
-                got[key] = get_list(self.store, key)
-            return got
-
         # A local store answers inline (microseconds); a networked one from a thread.
         if getattr(self.store, "reads_block", True):
-            return await asyncio.to_thread(read)
-        return read()
+            return await asyncio.to_thread(read_store, self.store, command, self._recent)
+        return read_store(self.store, command, self._recent)
 
     def _persist(self, command: Persist) -> None:
         record, ttl = command.record, self.retention_s
@@ -340,5 +331,19 @@ def run_reads(flow: Flow[T], store: Store) -> T:
             return done.value  # type: ignore[no-any-return]
         if not isinstance(command, Read):
             raise TypeError(f"run_reads answers reads only, not {command!r}")
-        reply = {key: store.get(key) for key in command.values}
-        reply.update({key: get_list(store, key) for key in command.lists})
+        reply = read_store(store, command)
+
+
+def read_store(
+    store: Store, command: Read, held: Mapping[str, tuple[Any, float]] | None = None
+) -> dict[str, Any]:
+    """``command``'s answer from ``store``: each value (None when absent) and each list (empty
+    when absent). ``held``: values this worker queued but may not have written yet, with
+    when; they answer for their keys."""
+    got: dict[str, Any] = {}
+    for key in command.values:
+        queued = held.get(key) if held is not None else None
+        got[key] = queued[0] if queued is not None else store.get(key)
+    for key in command.lists:
+        got[key] = get_list(store, key)
+    return got
