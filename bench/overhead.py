@@ -244,21 +244,26 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
-def peak_rss_mb(pid: int) -> float | None:
-    """Sum of VmHWM (peak resident set) over ``pid`` and its descendants, in MiB."""
-    tree = _children()
-    todo, total, found = [pid], 0, False
+def status_mb(pid: int, field: str) -> float | None:
+    """``field`` of /proc status (VmRSS, VmHWM) summed over ``pid`` and its descendants (a
+    server's workers are child processes), in MiB."""
+    tree, todo, total, found = _children(), [pid], 0, False
     while todo:
         p = todo.pop()
         todo.extend(tree.get(p, []))
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(field + ":"):
                     total += int(line.split()[1])
                     found = True
         except OSError:
             continue
     return total / 1024 if found else None
+
+
+def peak_rss_mb(pid: int) -> float | None:
+    """Peak resident set (VmHWM) of ``pid`` and its descendants, in MiB."""
+    return status_mb(pid, "VmHWM")
 
 
 def cpu_seconds(pid: int) -> float:

@@ -44,12 +44,12 @@ from bench.overhead import (
     FastUpstream,
     LiteLLMServer,
     Profile,
-    _children,
     _stop,
     _wait_http,
     load,
     request_body,
     settle,
+    status_mb,
 )
 from tests.proxyproc import cli_path, free_port
 
@@ -57,23 +57,6 @@ ROOT = Path(__file__).resolve().parent.parent
 HISTORY = 50
 DEFAULT = "uvicorn + aiohttp"  # what ``compaction-proxy serve`` runs with the default config
 CONCURRENCY = (1, 32)
-
-
-def _status(pid: int, field: str) -> float | None:
-    """``field`` (VmRSS, VmHWM) summed over ``pid`` and its descendants (granian's worker is
-    a child process), in MiB."""
-    tree, todo, total, found = _children(), [pid], 0, False
-    while todo:
-        p = todo.pop()
-        todo.extend(tree.get(p, []))
-        try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith(field + ":"):
-                    total += int(line.split()[1])
-                    found = True
-        except OSError:
-            continue
-    return total / 1024 if found else None
 
 
 class Variant:
@@ -171,8 +154,8 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
                 s["requests"] for (n, _, _), runs in samples.items() if n == name for s in runs
             )
             memory[name] = {
-                "rss_mb": _status(pid, "VmRSS"),
-                "peak_rss_mb": _status(pid, "VmHWM"),
+                "rss_mb": status_mb(pid, "VmRSS"),
+                "peak_rss_mb": status_mb(pid, "VmHWM"),
                 "measured_requests": served,
             }
     finally:
