@@ -361,3 +361,14 @@ async def adrive_conversation(
             outgoing = gen.send(await asend(outgoing))
     except StopIteration as done:
         return done.value
+
+
+def take_responses_output(items: list[dict[str, Any]], output: list[dict[str, Any]]) -> bool:
+    """Add a Responses answer's ``output`` items to ``items`` and, for each function call in
+    it, the tool's result; whether it called any (the agent's tool loop goes on)."""
+    items.extend(output)
+    calls = [o for o in output if o["type"] == "function_call"]
+    for c in calls:
+        result = tool_result({"function": {"name": c["name"], "arguments": c["arguments"]}})
+        items.append({"type": "function_call_output", "call_id": c["call_id"], "output": result})
+    return bool(calls)

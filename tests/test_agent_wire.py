@@ -17,7 +17,7 @@ import pytest
 
 from proxy.core.tokens import TokenCounter
 from tests.checks import INLINE
-from tests.conversations import tool_result, user_turns
+from tests.conversations import take_responses_output, tool_result, user_turns
 from tests.proxyproc import ProxyProcess
 from tests.strict import count_cache_control
 from tests.upstream import ScriptedUpstream, default_reply
@@ -166,15 +166,8 @@ def _responses_session(
             else:
                 response = client.responses.create(**kwargs)
             output = [o.model_dump(exclude_none=True) for o in response.output]
-            items.extend(output)
-            calls = [o for o in output if o["type"] == "function_call"]
-            if not calls:
+            if not take_responses_output(items, output):
                 break
-            for c in calls:
-                result = tool_result({"function": {"name": c["name"], "arguments": c["arguments"]}})
-                items.append(
-                    {"type": "function_call_output", "call_id": c["call_id"], "output": result}
-                )
     return sent
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from proxy.core.tokens import TokenCounter
 from tests.checks import INLINE, assert_facts_present
-from tests.conversations import tool_result, user_turns
+from tests.conversations import take_responses_output, user_turns
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
 
@@ -47,15 +47,8 @@ def _drive(client: openai.OpenAI, turns: int, stream: bool) -> list[list[dict[st
         items.append({"role": "user", "content": text})
         for _ in range(5):
             output = call()
-            items.extend(output)
-            calls = [o for o in output if o["type"] == "function_call"]
-            if not calls:
+            if not take_responses_output(items, output):
                 break
-            for c in calls:
-                result = tool_result({"function": {"name": c["name"], "arguments": c["arguments"]}})
-                items.append(
-                    {"type": "function_call_output", "call_id": c["call_id"], "output": result}
-                )
     return sent
 
 

@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from tests.checks import LOW_TRIGGER, summary_index
-from tests.conversations import drive_conversation, tool_result, user_turns
+from tests.conversations import drive_conversation, take_responses_output, user_turns
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
 
@@ -316,19 +316,8 @@ def test_a_responses_compaction_item_stays_first_and_opaque(
             for _ in range(5):
                 response = client.responses.create(model=MODEL, instructions=SYSTEM, input=items)
                 output = [o.model_dump(exclude_none=True) for o in response.output]
-                items.extend(output)
-                calls = [o for o in output if o["type"] == "function_call"]
-                if not calls:
+                if not take_responses_output(items, output):
                     break
-                for c in calls:
-                    fn = {"function": {"name": c["name"], "arguments": c["arguments"]}}
-                    items.append(
-                        {
-                            "type": "function_call_output",
-                            "call_id": c["call_id"],
-                            "output": tool_result(fn),
-                        }
-                    )
         forwarded = [r.json["input"] for r in upstream.requests if r.path == "/v1/responses"]
         sent_sizes = [len(orjson.dumps(f)) for f in forwarded]
         assert any("[History Summary" in orjson.dumps(f).decode() for f in forwarded), (
