@@ -85,12 +85,17 @@ def request(**kw: Any) -> flow_prepare.Request:
 
 
 def start(e: Env, msgs: list[dict[str, Any]]) -> Stepper:
-    """A prepare flow, past its state read (an empty store)."""
+    """A prepare flow, past its state reads (an empty store)."""
     step = Stepper(flow_prepare.prepare(e, msgs, request()))
     assert isinstance(step.command, Read)
     assert any(k.startswith("pause:tenant-a:") for k in step.command.values)
     assert any(k.startswith("ck:tenant-a:") for k in step.command.lists)
     step.send(nothing_stored(step.command))
+    if isinstance(step.command, Read):
+        # No tracker under this id: the one of the session's first request, before its
+        # first reply (no record to read: no checkpoint was found).
+        assert [k.split(":")[0] for k in step.command.values] == ["stab"]
+        step.send(nothing_stored(step.command))
     return step
 
 
@@ -291,3 +296,16 @@ def test_a_record_stored_meanwhile_is_reused_without_llm_calls() -> None:
     assert isinstance(again.command, Read) and again.command.values[0].startswith("rec:")
     again.send({again.command.values[0]: record.to_json()})
     assert again.done and again.result.reused and again.result.record == record
+
+
+def test_one_read_when_the_conversation_has_its_own_tracker() -> None:
+    """The session's earlier tracker is read only when this id has none: one store round
+    trip for a request of a known conversation with nothing to substitute."""
+    msgs = conversation(4)
+    step = Stepper(flow_prepare.prepare(env(mode="inline"), msgs, request()))
+    assert isinstance(step.command, Read)
+    answer = nothing_stored(step.command)
+    stab = next(k for k in step.command.values if k.startswith("stab:"))
+    answer[stab] = {"record": None, "items": [["h0", 3]]}
+    step.send(answer)
+    assert step.done and step.result.stability is not None

@@ -22,7 +22,7 @@ from proxy.core.fingerprint import (
     prefix_chain,
 )
 from proxy.core.flow_compact import persist
-from proxy.core.lookup import checkpoint_keys, record_from
+from proxy.core.lookup import best_checkpoint, checked_record, checkpoint_keys, record_key
 from proxy.core.messages import Message
 from proxy.core.modelmap import context_window, provider_family
 from proxy.core.prepared import Env, Prepared
@@ -89,20 +89,21 @@ def identify(env: Env, messages: list[Message], req: Request) -> Identity:
 
 def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
     """The record, cooldown, pause, stability tracker (the session's earlier one when this id
-    has none yet) and, for the cost policy, the ledger's view: two reads at most."""
+    has none yet) and, for the cost policy, the ledger's view: two reads at most, the second
+    only for what the first found missing or pointed to."""
     t, conv, earlier = req.tenant, ident.conversation, ident.earlier
-    cool, pause = conv_key("cool", t, conv), conv_key("pause", t, conv)
-    stabs = tuple(conv_key("stab", t, c) for c in (conv, earlier) if c is not None)
+    cool, pause, stab = (conv_key(kind, t, conv) for kind in ("cool", "pause", "stab"))
     meta = (conv_key("conv", t, conv),) if env.settings.policy == "cost" else ()
-    got = yield Read(values=(cool, pause, *stabs, *meta), lists=checkpoint_keys(t, conv, earlier))
-    record = yield from record_from(got, t, conv, earlier, ident.chain)
-    tracker = None
-    for key in stabs:
-        raw = got.get(key)
-        # The driver answers with the tracker it holds itself when its write is still queued.
-        tracker = raw if isinstance(raw, StabilityState) else StabilityState.from_json(raw)
-        if tracker is not None:
-            break
+    got = yield Read(values=(cool, pause, stab, *meta), lists=checkpoint_keys(t, conv, earlier))
+    tracker = _tracker(got.get(stab))
+    best = best_checkpoint(got, t, conv, earlier, ident.chain)
+    rec = record_key(t, best[1], best[0]) if best is not None else None
+    earlier_stab = conv_key("stab", t, earlier) if tracker is None and earlier else None
+    more = tuple(k for k in (rec, earlier_stab) if k is not None)
+    found = (yield Read(values=more)) if more else {}
+    if earlier_stab is not None:
+        tracker = _tracker(found.get(earlier_stab))
+    record = checked_record(found.get(rec), best[0]) if best is not None and rec else None
     return State(
         record,
         cooling=got.get(cool) is not None,
@@ -110,6 +111,11 @@ def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
         tracker=tracker,
         meta=got.get(meta[0]) if meta else None,
     )
+
+
+def _tracker(raw: Any) -> StabilityState | None:
+    # The driver answers with the tracker it holds itself when its write is still queued.
+    return raw if isinstance(raw, StabilityState) else StabilityState.from_json(raw)
 
 
 def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
