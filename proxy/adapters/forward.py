@@ -50,28 +50,72 @@ CLAIM_PREFIX = "x-forwarded-"
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
 
 
-def make_client(
-    upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
-) -> httpx.AsyncClient:
-    """One pooled HTTP/1.1 client for the proxy's lifetime; its wire is aiohttp's pool
-    (``proxy.aiotransport``) or httpx's own, per ``upstream.transport`` (a ``transport``
-    passed in, as tests do, wins)."""
-    timeout = httpx.Timeout(upstream.timeout_s, connect=upstream.connect_timeout_s)
-    limits = httpx.Limits(
+def _limits(upstream: Upstream) -> httpx.Limits:
+    return httpx.Limits(
         max_connections=upstream.max_connections,
         max_keepalive_connections=min(upstream.max_connections, 128),
         keepalive_expiry=30,
     )
-    if transport is None and upstream.transport == "aiohttp":
-        transport = AiohttpTransport(limits)
+
+
+def make_transport(upstream: Upstream) -> httpx.AsyncBaseTransport:
+    """The wire per ``upstream.transport``: aiohttp's pool (``proxy.aiotransport``) or
+    httpx's own, built as ``httpx.AsyncClient`` would build it for ``make_client``."""
+    if upstream.transport == "aiohttp":
+        return AiohttpTransport(_limits(upstream))
+    return httpx.AsyncHTTPTransport(limits=_limits(upstream), http2=False, trust_env=False)
+
+
+def make_client(
+    upstream: Upstream, transport: httpx.AsyncBaseTransport | None = None
+) -> httpx.AsyncClient:
+    """One pooled HTTP/1.1 client for the proxy's lifetime over ``transport`` (by default
+    ``make_transport``'s; tests pass their own)."""
     return httpx.AsyncClient(
-        timeout=timeout,
-        limits=limits,
-        transport=transport,
+        timeout=httpx.Timeout(upstream.timeout_s, connect=upstream.connect_timeout_s),
+        limits=_limits(upstream),
+        transport=transport if transport is not None else make_transport(upstream),
         http2=False,
         trust_env=False,
         cookies=no_cookie_jar(),
     )
+
+
+class Forwarder:
+    """The chat routes' way upstream: the client's transport, called directly.
+
+    ``AsyncClient.send`` wraps every request in layers these routes never use: auth (none),
+    redirect following (off: a redirect is relayed), a cookie jar that keeps nothing, event
+    hooks, timers. They cost ~35 us a request, a tenth of what the proxy adds to a small one
+    (docs/benchmarks.md, #16). Requests are built as ``AsyncClient.build_request`` builds
+    them (the client's default headers under the request's own, the client's timeouts), and
+    errors carry their request as the client's would, so ``mapped_errors`` names the URL.
+    """
+
+    def __init__(self, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport) -> None:
+        self.client = client
+        self._transport = transport
+        self._defaults = client.headers
+        self._timeout = client.timeout.as_dict()
+
+    def request(
+        self, method: str, url: httpx.URL, content: bytes, headers: httpx.Headers
+    ) -> httpx.Request:
+        merged = httpx.Headers(self._defaults)
+        merged.update(headers)
+        return httpx.Request(
+            method, url, content=content, headers=merged, extensions={"timeout": self._timeout}
+        )
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """The answer with its body still to read (``aiter_*``, then ``aclose``)."""
+        try:
+            response = await self._transport.handle_async_request(request)
+        except httpx.HTTPError as exc:
+            exc.request = request
+            raise
+        response.request = request
+        return response
 
 
 def no_cookie_jar() -> http.cookiejar.CookieJar:

@@ -20,10 +20,16 @@ import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
-from proxy.adapters.forward import make_client, request_headers, upstream_url
+from proxy.adapters.forward import (
+    Forwarder,
+    make_client,
+    make_transport,
+    request_headers,
+    upstream_url,
+)
 from proxy.adapters.llm import HttpLLM
 from proxy.adapters.store import Store
 from proxy.config import Config
@@ -45,22 +51,23 @@ log = logging.getLogger("compaction_proxy.server")
 OFFLOAD_BYTES = 256 * 1024
 
 
-async def chat_completions(request: Request) -> Response:
-    return await _serve(request, OPENAI_CHAT)
+class ChatRoute:
+    """A chat route as a plain ASGI app rather than a Starlette endpoint: it writes its
+    answer itself (``proxy.server.relay``), so a stream needs no anyio task group and the
+    client gets a whole answer before the after-answer work. Errors raised before the answer
+    starts go to the app's exception handlers as any route's do."""
+
+    def __init__(self, surface: Surface) -> None:
+        self.surface = surface
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _serve(Request(scope, receive), self.surface, send)
 
 
-async def anthropic_messages(request: Request) -> Response:
-    return await _serve(request, ANTHROPIC_MESSAGES)
-
-
-async def openai_responses(request: Request) -> Response:
-    return await _serve(request, OPENAI_RESPONSES)
-
-
-async def _serve(request: Request, surface: Surface) -> Response:
+async def _serve(request: Request, surface: Surface, send: Send) -> None:
     """Parse, validate, begin (identify, substitute, decide), forward, relay - any surface."""
     service: Service = request.app.state.res
-    client: httpx.AsyncClient = request.app.state.client
+    forwarder: Forwarder = request.app.state.forwarder
     config = service.config
     started = time.perf_counter()
     raw = await read_body(request, config.max_body_bytes)
@@ -105,12 +112,16 @@ async def _serve(request: Request, surface: Surface) -> Response:
     )
     headers["content-type"] = "application/json"
     url = upstream_url(config.upstream.base_url, surface.path, "")
-    upstream_request = client.build_request("POST", url, content=payload, headers=headers)
+    upstream_request = forwarder.request("POST", url, payload, headers)
     call.forwarding()
     own = compaction_headers(prepared)
+    receive = request.receive
     if not stream:
-        return await forward_whole(service, client, call, upstream_request, own)
-    return await forward_stream(service, client, call, surface, upstream_request, own, drop_usage)
+        await forward_whole(service, forwarder, call, upstream_request, own, send, receive)
+        return
+    await forward_stream(
+        service, forwarder, call, surface, upstream_request, own, drop_usage, send, receive
+    )
 
 
 def compaction_llm(config: Config, client: httpx.AsyncClient) -> HttpLLM:
@@ -148,11 +159,13 @@ def create_app(
         # out of the collector's sight, a full collection no longer walks it while a request
         # waits.
         gc.freeze()
-        client = make_client(config.upstream, transport)
+        wire = transport if transport is not None else make_transport(config.upstream)
+        client = make_client(config.upstream, wire)
         effective = admintoken.resolve(config)  # operators' surfaces never open
         # Without a usable store the proxy still serves, uncompacted (proxy.adapters.health).
         service = build_service(effective, compaction_llm(config, client), store=store)
         app.state.res, app.state.client = service, client
+        app.state.forwarder = Forwarder(client, wire)
         watcher = asyncio.get_running_loop().create_task(service.health.watch())
         try:
             yield
@@ -164,9 +177,9 @@ def create_app(
     routes = [
         Route("/healthz", probes.healthz, methods=["GET"]),
         Route("/readyz", probes.readyz, methods=["GET"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/messages", anthropic_messages, methods=["POST"]),
-        Route("/v1/responses", openai_responses, methods=["POST"]),
+        Route(OPENAI_CHAT.path, ChatRoute(OPENAI_CHAT), methods=["POST"]),
+        Route(ANTHROPIC_MESSAGES.path, ChatRoute(ANTHROPIC_MESSAGES), methods=["POST"]),
+        Route(OPENAI_RESPONSES.path, ChatRoute(OPENAI_RESPONSES), methods=["POST"]),
         *admin.routes(),  # operators' view: /metrics, /admin/api/*
         *dashboard.routes(),  # operators' view: /dashboard
         Route(

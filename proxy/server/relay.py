@@ -1,4 +1,10 @@
-"""Forwarding a prepared request and relaying the answer, whole or streamed.
+"""Forwarding a prepared request and relaying the answer, whole or streamed, straight on ASGI.
+
+The chat routes are plain ASGI apps (``proxy.server.app.ChatRoute``), so these functions
+write the answer themselves (``send``) instead of returning a Starlette response: a stream
+then needs no anyio task group to notice a client going away (one watcher task does), and a
+whole answer reaches the client before the after-answer work (log line, metrics, ledger
+queue), which the client no longer waits for.
 
 Each function ends the request's ``Call`` with ``Service.finish`` exactly once: when the
 answer is known (its usage read from the body, the SSE events or the body's last bytes),
@@ -8,15 +14,16 @@ or with 499 when the client went away first.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
 import orjson
-from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Send
 
-from proxy.adapters.forward import mapped_errors, response_headers
+from proxy.adapters.forward import Forwarder, mapped_errors, response_headers
 from proxy.engine.service import Call, Service
 from proxy.server.abort import BodyBroken
 from proxy.server.bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
@@ -30,20 +37,87 @@ SERVER_SET = frozenset({"date", "server"})
 RELAY_DROPPED = frozenset({"content-encoding"}) | SERVER_SET
 
 
+def raw_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """Response headers as ASGI wants them (what Starlette's ``Response`` would send)."""
+    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+
+
+async def send_whole(send: Send, status: int, headers: dict[str, str], body: bytes) -> None:
+    """A whole answer in two ASGI messages, with its length."""
+    raw = raw_headers(headers)
+    raw.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_stream(
+    send: Send,
+    receive: Receive,
+    status: int,
+    headers: dict[str, str],
+    body: AsyncGenerator[bytes, None],
+) -> None:
+    """Relay ``body`` chunk by chunk; a client that goes away stops it (and ``body`` is
+    closed, which ends its upstream request).
+
+    The ASGI server no longer fails a ``send`` once the client is gone; it says so on
+    ``receive``, which one watcher task waits on for the whole stream.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    state = {"gone": False, "ended": False}
+
+    def on_gone(watcher: asyncio.Future[None]) -> None:
+        # Runs on the loop later: after the answer ended it must not cancel what follows.
+        if state["ended"] or watcher.cancelled() or watcher.exception() is not None:
+            return
+        state["gone"] = True
+        task.cancel()
+
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    watcher.add_done_callback(on_gone)
+    try:
+        async with contextlib.aclosing(body):
+            start = {
+                "type": "http.response.start",
+                "status": status,
+                "headers": raw_headers(headers),
+            }
+            await send(start)
+            async for chunk in body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            state["ended"] = True  # the server reports the end of the answer as a disconnect
+            await send({"type": "http.response.body", "body": b""})
+    except asyncio.CancelledError:
+        if not state["gone"]:
+            raise  # not the client leaving (the server shutting down): not ours to swallow
+        task.uncancel()
+    finally:
+        state["ended"] = True
+        watcher.cancel()
+
+
+async def _disconnected(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def forward_whole(
     service: Service,
-    client: httpx.AsyncClient,
+    forwarder: Forwarder,
     call: Call,
     request: httpx.Request,
     own: dict[str, str],
-) -> Response:
+    send: Send,
+    receive: Receive,
+) -> None:
     """A non-streamed request: ``upstream.timeout_s`` bounds the whole of it. An answer up
     to ``WHOLE_BODY_BYTES`` is read whole (its usage parsed); a bigger one is relayed as it
     arrives, its usage read from its last bytes."""
     timeout_s = service.config.upstream.timeout_s
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with mapped_errors(deadline_s=timeout_s):
-        upstream = await client.send(request, stream=True)
+        upstream = await forwarder.send(request)
         try:
             head, rest = await _read_up_to(upstream, WHOLE_BODY_BYTES)
         except BaseException:
@@ -58,16 +132,17 @@ async def forward_whole(
                 usage = usage_of(orjson.loads(head))
             except orjson.JSONDecodeError:
                 usage = None
-        service.finish(call, usage, upstream.status_code)
-        return Response(head, status_code=upstream.status_code, headers=out_headers)
+        try:
+            await send_whole(send, upstream.status_code, out_headers, head)
+        finally:
+            # Once the client has its answer: it does not wait for the ledger and the log.
+            service.finish(call, usage, upstream.status_code)
+        return
     length = upstream.headers.get("content-length")
     if length and length.isdigit() and "content-encoding" not in upstream.headers:
         out_headers["content-length"] = length  # a short body is then seen as short
-    return StreamingResponse(
-        _relay_whole(service, call, upstream, head, rest, deadline),
-        status_code=upstream.status_code,
-        headers=out_headers,
-    )
+    relay = _relay_whole(service, call, upstream, head, rest, deadline)
+    await send_stream(send, receive, upstream.status_code, out_headers, relay)
 
 
 async def _read_up_to(
@@ -93,7 +168,7 @@ async def _relay_whole(
     head: bytes,
     rest: AsyncIterator[bytes],
     deadline: float,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     loop = asyncio.get_running_loop()
     tail = head[-TAIL_BYTES:]
     completed = False
@@ -122,16 +197,18 @@ async def _relay_whole(
 
 async def forward_stream(
     service: Service,
-    client: httpx.AsyncClient,
+    forwarder: Forwarder,
     call: Call,
     surface: Surface,
     request: httpx.Request,
     own: dict[str, str],
     drop_usage: bool,
-) -> Response:
+    send: Send,
+    receive: Receive,
+) -> None:
     """A streamed request: an error answer is relayed whole, a 200 event by event."""
     async with mapped_errors():
-        upstream = await client.send(request, stream=True)
+        upstream = await forwarder.send(request)
     headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
     if upstream.status_code != 200:
         try:
@@ -139,10 +216,13 @@ async def forward_stream(
                 content = await upstream.aread()
         finally:
             await upstream.aclose()
-        service.finish(call, None, upstream.status_code)
-        return Response(content, status_code=upstream.status_code, headers=headers)
+        try:
+            await send_whole(send, upstream.status_code, headers, content)
+        finally:
+            service.finish(call, None, upstream.status_code)
+        return
     events = _relay_events(service, call, surface, upstream, drop_usage)
-    return StreamingResponse(events, status_code=200, headers=headers)
+    await send_stream(send, receive, 200, headers, events)
 
 
 async def _relay_events(
@@ -151,7 +231,7 @@ async def _relay_events(
     surface: Surface,
     upstream: httpx.Response,
     drop_usage: bool,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """Relay SSE events as they complete; read usage from the events that carry it.
 
     The stream is complete once its terminal event (``[DONE]``, ``message_stop``,
