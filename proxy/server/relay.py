@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -56,12 +56,14 @@ async def send_stream(
     status: int,
     headers: dict[str, str],
     body: AsyncGenerator[bytes, None],
+    then: Callable[[], None],
 ) -> None:
     """Relay ``body`` chunk by chunk; a client that goes away stops it (and ``body`` is
     closed, which ends its upstream request).
 
     The ASGI server no longer fails a ``send`` once the client is gone; it says so on
-    ``receive``, which one watcher task waits on for the whole stream.
+    ``receive``, which one watcher task waits on for the whole stream. ``then`` runs last,
+    whatever happened: once the client has the end of the answer, and ``body`` is closed.
     """
     task = asyncio.current_task()
     assert task is not None
@@ -95,11 +97,26 @@ async def send_stream(
     finally:
         state["ended"] = True
         watcher.cancel()
+        then()
 
 
 async def _disconnected(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+class Ending:
+    """How a relayed body ended (499 until it is known complete), for ``Service.finish``
+    once the client has the whole answer."""
+
+    __slots__ = ("status", "usage")
+
+    def __init__(self) -> None:
+        self.status = 499
+        self.usage: dict[str, Any] | None = None
+
+    def finish(self, service: Service, call: Call) -> Callable[[], None]:
+        return lambda: service.finish(call, self.usage, self.status)
 
 
 async def forward_whole(
@@ -141,8 +158,11 @@ async def forward_whole(
     length = upstream.headers.get("content-length")
     if length and length.isdigit() and "content-encoding" not in upstream.headers:
         out_headers["content-length"] = length  # a short body is then seen as short
-    relay = _relay_whole(service, call, upstream, head, rest, deadline)
-    await send_stream(send, receive, upstream.status_code, out_headers, relay)
+    ending = Ending()
+    relay = _relay_whole(upstream, head, rest, deadline, ending)
+    await send_stream(
+        send, receive, upstream.status_code, out_headers, relay, ending.finish(service, call)
+    )
 
 
 async def _read_up_to(
@@ -162,12 +182,11 @@ async def _read_up_to(
 
 
 async def _relay_whole(
-    service: Service,
-    call: Call,
     upstream: httpx.Response,
     head: bytes,
     rest: AsyncIterator[bytes],
     deadline: float,
+    ending: Ending,
 ) -> AsyncGenerator[bytes, None]:
     loop = asyncio.get_running_loop()
     tail = head[-TAIL_BYTES:]
@@ -189,10 +208,10 @@ async def _relay_whole(
         log.warning("upstream body broke", extra={"error": type(exc).__name__})
         raise BodyBroken from exc
     finally:
+        if completed:
+            ending.status = upstream.status_code
+            ending.usage = usage_in_tail(tail) if ending.status == 200 else None
         await upstream.aclose()
-        status = upstream.status_code if completed else 499
-        usage = usage_in_tail(tail) if completed and status == 200 else None
-        service.finish(call, usage, status)
 
 
 async def forward_stream(
@@ -221,16 +240,13 @@ async def forward_stream(
         finally:
             service.finish(call, None, upstream.status_code)
         return
-    events = _relay_events(service, call, surface, upstream, drop_usage)
-    await send_stream(send, receive, 200, headers, events)
+    ending = Ending()
+    events = _relay_events(surface, upstream, drop_usage, ending)
+    await send_stream(send, receive, 200, headers, events, ending.finish(service, call))
 
 
 async def _relay_events(
-    service: Service,
-    call: Call,
-    surface: Surface,
-    upstream: httpx.Response,
-    drop_usage: bool,
+    surface: Surface, upstream: httpx.Response, drop_usage: bool, ending: Ending
 ) -> AsyncGenerator[bytes, None]:
     """Relay SSE events as they complete; read usage from the events that carry it.
 
@@ -260,9 +276,8 @@ async def _relay_events(
                 out.append(event)
                 terminal = terminal or is_terminal(event)
             if terminal:
-                # Recorded before the write: the client may close as soon as it has it.
-                completed = True
-                service.finish(call, usage or None, 200)
+                # Before the write: the client may close as soon as it has it.
+                completed, ending.status = True, 200
             if out:
                 yield b"".join(out)
             if terminal:
@@ -271,7 +286,7 @@ async def _relay_events(
             rest = splitter.flush()
             if rest:
                 yield rest
-            completed = True
+            completed, ending.status = True, 200
     except httpx.HTTPError as exc:
         log.warning("upstream stream broke", extra={"error": type(exc).__name__})
         if not completed:
@@ -280,8 +295,6 @@ async def _relay_events(
             )
             yield b"event: error\ndata: " + orjson.dumps(message) + b"\n\n"
     finally:
-        # Recorded first (a no-op after the terminal event): a client gone away cancels
-        # this generator, and the awaited close below may not return.
-        service.finish(call, usage or None, 200 if completed else 499)
+        ending.usage = usage or None
         # Also runs when the client goes away: closing cancels the upstream request.
         await upstream.aclose()
