@@ -125,8 +125,9 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
 class FastUpstream:
     """``python -m bench.upstream_fast`` on a free port of 127.0.0.1."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, delay_ms: float = 0.0) -> None:
         self.log_path = log_path
+        self.delay_ms = delay_ms
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -137,7 +138,15 @@ class FastUpstream:
     def start(self) -> FastUpstream:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "bench.upstream_fast", "--port", "0"],
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.upstream_fast",
+                    "--port",
+                    "0",
+                    "--delay-ms",
+                    str(self.delay_ms),
+                ],  # fmt: skip
                 stdout=subprocess.PIPE,
                 stderr=log,
                 cwd=ROOT,

@@ -2,7 +2,7 @@
 
     python -m bench.rss [--requests 5000] [--history 50] [--distinct N] [--json PATH]
 
-Starts ``compaction-proxy serve`` with the default server and forwarder (uvicorn + aiohttp,
+Starts ``compaction-proxy serve`` with the default server and forwarder (uvicorn + h1,
 one worker: the process that serves is the one measured) in front of the fast upstream
 (``bench.upstream_fast``), and reads ``/proc/<pid>/status`` and ``smaps_rollup``:
 
@@ -73,7 +73,7 @@ def run(requests: int, history: int, n_distinct: int) -> dict[str, Any]:
     upstream = FastUpstream(work / "upstream.log").start()
     variant: Variant | None = None
     try:
-        variant = Variant("proxy", "uvicorn", "aiohttp", work, upstream.base_url).start()
+        variant = Variant("proxy", "uvicorn", "h1", work, upstream.base_url).start()
         assert variant.proc is not None
         pid = variant.proc.pid
         results: dict[str, Any] = {"history": history, "model": MODEL, "stages": []}

@@ -3,23 +3,32 @@
     python -m bench.servers [--smoke] [--rounds N] [--duration S] [--json PATH]
 
 Every variant runs at once as its own process in front of one fast upstream
-(``bench.upstream_fast``), the same 50-message body (below the trigger), one worker each:
+(``bench.upstream_fast``), the same 2- or 50-message body (below the trigger), one worker each:
 
 - ``direct``: the load generator straight to the upstream (the baseline);
-- ``uvicorn + httpx``: ``compaction-proxy serve`` with ``upstream.transport: httpx``;
-- ``uvicorn + aiohttp``: the same with ``upstream.transport: aiohttp`` (the default);
-- ``granian + aiohttp``: the same app (``proxy.cli:app_factory``) under granian's ASGI
+- ``uvicorn + h1``: ``compaction-proxy serve`` as configured by default
+  (``upstream.transport: h1``, ``proxy.adapters.h1``);
+- ``uvicorn + aiohttp``, ``uvicorn + httpx``: the same with ``upstream.transport: aiohttp``
+  or ``httpx``;
+- ``granian + h1``: the same app (``proxy.cli:app_factory``) under granian's ASGI
   server (uvloop), when granian is installed;
 - ``litellm (no callbacks)``: ``litellm --config`` to the same upstream, when its proxy
   server is installed (``--no-litellm`` leaves it out).
 
 uvicorn runs as ``compaction-proxy serve`` does (``loop="auto"``, ``http="auto"``: uvloop and
 httptools when installed, which they are with ``uvicorn[standard]``). Each round measures
-every variant once per cell (concurrency 1 and 32, streaming and not), in a rotating order;
+every variant once per cell (2 and 50 messages, concurrency 1 and 32, streaming and not), in
+a rotating order;
 the figures are the medians over rounds of each cell's p50, p99 and req/s, and the ratios to
 direct are per round, then the median. After the rounds, each proxy's resident memory
 (VmRSS, and its peak VmHWM) and how many requests it served. The load generator's own CPU
-share per cell says whether it, rather than the server, was the limit. Nothing is asserted.
+share per cell says whether it, rather than the server, was the limit.
+
+Then the same comparison with an upstream that takes as long as a provider to answer
+(``--delay-ms``, each of ``LATENCIES_MS``; still far quicker than any LLM API): direct against
+the default proxy at concurrency 32, 50 messages. With the instant upstream, direct's figures
+are the upstream's own CPU limit on the machine the proxy shares; with a delay they are what
+a client waiting on a provider gets. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -54,9 +63,10 @@ from bench.overhead import (
 from tests.proxyproc import cli_path, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-HISTORY = 50
-DEFAULT = "uvicorn + aiohttp"  # what ``compaction-proxy serve`` runs with the default config
+HISTORIES = (2, 50)
+DEFAULT = "uvicorn + h1"  # what ``compaction-proxy serve`` runs with the default config
 CONCURRENCY = (1, 32)
+LATENCIES_MS = (10, 50)  # the upstream's time to answer in the second comparison
 
 
 class Variant:
@@ -102,76 +112,14 @@ class Variant:
         _stop(self.proc)
 
 
-def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="bench-servers-"))
-    upstream = FastUpstream(work / "upstream.log").start()
-    profile = Profile("servers", HISTORY, (), CONCURRENCY, 0.3, duration, 100_000)
-    variants: list[Variant] = []
-    others: list[LiteLLMServer] = []
-    samples: dict[tuple[str, bool, int], list[dict[str, Any]]] = {}
-    try:
-        specs = [
-            ("uvicorn + httpx", "uvicorn", "httpx"),
-            ("uvicorn + aiohttp", "uvicorn", "aiohttp"),
-        ]
-        if importlib.util.find_spec("granian"):
-            specs.append(("granian + aiohttp", "granian", "aiohttp"))
-        variants = [Variant(n, s, t, work, upstream.base_url).start() for n, s, t in specs]
-        names: list[tuple[str, int, int | None, str]] = [("direct", upstream.port, None, PLAIN_KEY)]
-        names += [(v.name, v.port, v.proc.pid if v.proc else None, PLAIN_KEY) for v in variants]
-        if litellm:
-            try:
-                peer = LiteLLMServer(work / "litellm", upstream.base_url, hook=False).start()
-                assert peer.proc is not None
-                others.append(peer)
-                names.append(("litellm (no callbacks)", peer.port, peer.proc.pid, peer.master_key))
-            except RuntimeError as exc:  # a missing or broken litellm[proxy] leaves its row out
-                print(f"litellm left out: {exc}", file=sys.stderr)
-        bodies = {}
-        for stream in (False, True):
-            bodies[stream] = work / f"body-{int(stream)}.json"
-            bodies[stream].write_bytes(request_body(HISTORY, stream))
-        for r in range(rounds):
-            order = names[r % len(names) :] + names[: r % len(names)]
-            for stream in (False, True):
-                for c in CONCURRENCY:
-                    for name, port, pid, key in order:
-                        if pid is not None:
-                            settle(pid, 10)
-                        result = load(port, bodies[stream], key, c, profile)
-                        samples.setdefault((name, stream, c), []).append(result)
-                        print(
-                            f"round {r} {name:18} stream={int(stream)} c={c:<3} "
-                            f"p50={result['p50_ms']:.2f} p99={result['p99_ms']:.2f} "
-                            f"{result['rps']:.0f} req/s errors={result['errors']}",
-                            file=sys.stderr,
-                        )
-        memory = {}
-        for name, _port, pid, _key in names:
-            if pid is None:
-                continue
-            served = sum(
-                s["requests"] for (n, _, _), runs in samples.items() if n == name for s in runs
-            )
-            memory[name] = {
-                "rss_mb": status_mb(pid, "VmRSS"),
-                "peak_rss_mb": status_mb(pid, "VmHWM"),
-                "measured_requests": served,
-            }
-    finally:
-        for v in variants:
-            v.stop()
-        for peer in others:
-            peer.stop()
-        upstream.stop()
-        shutil.rmtree(work, ignore_errors=True)
+def _summary(
+    samples: dict[tuple[Any, ...], list[dict[str, Any]]], direct_of: Any
+) -> list[dict[str, Any]]:
+    """Medians over rounds per cell; ratios to direct taken per round, then the median."""
     rows = []
-    for (name, stream, c), runs in samples.items():
-        direct = samples[("direct", stream, c)]
-        row = {
-            "variant": name,
-            "stream": stream,
-            "concurrency": c,
+    for key, runs in samples.items():
+        direct = samples[direct_of(key)]
+        rows.append({
             "p50_ms": statistics.median(s["p50_ms"] for s in runs),
             "p99_ms": statistics.median(s["p99_ms"] for s in runs),
             "rps": statistics.median(s["rps"] for s in runs),
@@ -188,42 +136,147 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
             "p99_vs_direct": statistics.median(
                 s["p99_ms"] / d["p99_ms"] for s, d in zip(runs, direct, strict=True) if d["p99_ms"]
             ),
-        }
-        rows.append(row)
+            "_key": key,
+        })  # fmt: skip
+    return rows
+
+
+def _cell(name: str, port: int, pid: int | None, key: str, body: Path, c: int, p: Profile) -> Any:
+    if pid is not None:
+        settle(pid, 10)
+    result = load(port, body, key, c, p)
+    print(
+        f"{name:22} {body.name} c={c:<3} p50={result['p50_ms']:.2f} "
+        f"p99={result['p99_ms']:.2f} {result['rps']:.0f} req/s errors={result['errors']}",
+        file=sys.stderr,
+    )
+    return result
+
+
+def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="bench-servers-"))
+    upstream = FastUpstream(work / "upstream.log").start()
+    profile = Profile("servers", HISTORIES[-1], (), CONCURRENCY, 0.3, duration, 100_000)
+    variants: list[Variant] = []
+    others: list[LiteLLMServer] = []
+    slow: list[tuple[int, FastUpstream, Variant]] = []
+    samples: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    late: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    try:
+        specs = [
+            (DEFAULT, "uvicorn", "h1"),
+            ("uvicorn + aiohttp", "uvicorn", "aiohttp"),
+            ("uvicorn + httpx", "uvicorn", "httpx"),
+        ]
+        if importlib.util.find_spec("granian"):
+            specs.append(("granian + h1", "granian", "h1"))
+        variants = [Variant(n, s, t, work, upstream.base_url).start() for n, s, t in specs]
+        names: list[tuple[str, int, int | None, str]] = [("direct", upstream.port, None, PLAIN_KEY)]
+        names += [(v.name, v.port, v.proc.pid if v.proc else None, PLAIN_KEY) for v in variants]
+        if litellm:
+            try:
+                peer = LiteLLMServer(work / "litellm", upstream.base_url, hook=False).start()
+                assert peer.proc is not None
+                others.append(peer)
+                names.append(("litellm (no callbacks)", peer.port, peer.proc.pid, peer.master_key))
+            except RuntimeError as exc:  # a missing or broken litellm[proxy] leaves its row out
+                print(f"litellm left out: {exc}", file=sys.stderr)
+        bodies = {}
+        for history in HISTORIES:
+            for stream in (False, True):
+                bodies[history, stream] = work / f"body-{history}-{int(stream)}.json"
+                bodies[history, stream].write_bytes(request_body(history, stream))
+        for r in range(rounds):
+            order = names[r % len(names) :] + names[: r % len(names)]
+            for stream in (False, True):
+                for history in HISTORIES:
+                    for c in CONCURRENCY:
+                        for name, port, pid, key in order:
+                            body = bodies[history, stream]
+                            result = _cell(name, port, pid, key, body, c, profile)
+                            samples.setdefault((name, stream, history, c), []).append(result)
+        memory = {}
+        for name, _port, pid, _key in names:
+            if pid is None:
+                continue
+            served = sum(
+                s["requests"] for (n, *_), runs in samples.items() if n == name for s in runs
+            )
+            memory[name] = {
+                "rss_mb": status_mb(pid, "VmRSS"),
+                "peak_rss_mb": status_mb(pid, "VmHWM"),
+                "measured_requests": served,
+            }
+        # The same comparison behind an upstream that takes a while to answer.
+        for ms in LATENCIES_MS:
+            up = FastUpstream(work / f"upstream-{ms}.log", delay_ms=ms).start()
+            slow.append((ms, up, Variant(f"{DEFAULT} {ms}", "uvicorn", "h1", work, up.base_url)))
+            slow[-1][2].start()
+        history = HISTORIES[-1]
+        for r in range(rounds):
+            for stream in (False, True):
+                for ms, up, v in slow:
+                    pid = v.proc.pid if v.proc else None
+                    pair = [("direct", up.port, None), (DEFAULT, v.port, pid)][:: 1 - 2 * (r % 2)]
+                    for name, port, pid_ in pair:
+                        body = bodies[history, stream]
+                        result = _cell(f"{name} {ms} ms", port, pid_, PLAIN_KEY, body, 32, profile)
+                        late.setdefault((name, stream, ms), []).append(result)
+    finally:
+        for v in variants:
+            v.stop()
+        for peer in others:
+            peer.stop()
+        for _, up, v in slow:
+            v.stop()
+            up.stop()
+        upstream.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    rows = _summary(samples, lambda k: ("direct", *k[1:]))
+    for row in rows:
+        row["variant"], row["stream"], row["history"], row["concurrency"] = row.pop("_key")
+    latency_rows = _summary(late, lambda k: ("direct", *k[1:]))
+    for row in latency_rows:
+        row["variant"], row["stream"], row["delay_ms"] = row.pop("_key")
+        row["concurrency"], row["history"] = 32, HISTORIES[-1]
     return {
         "rounds": rounds,
         "duration_s": duration,
-        "history": HISTORY,
+        "histories": list(HISTORIES),
         "rows": rows,
+        "latency_rows": latency_rows,
         "memory": memory,
         "load_average": os.getloadavg(),
     }
 
 
+def _line(r: dict[str, Any], first: str) -> str:
+    direct = r["variant"] == "direct"
+    errors = f" ({r['errors']} errors)" if r["errors"] else ""
+    added, p99x, rpsx = (
+        ("—", "—", "—")
+        if direct
+        else (
+            f"{r['added_p50_ms']:.2f}",
+            f"{r['p99_vs_direct']:.2f}×",
+            f"{r['rps_vs_direct']:.2f}×",
+        )
+    )
+    return (
+        f"| {r['variant']}{errors} | {first} | {'yes' if r['stream'] else 'no'} | "
+        f"{r['concurrency']} | {r['p50_ms']:.2f} | {added} | {r['p99_ms']:.2f} | {p99x} | "
+        f"{r['rps']:,.0f} | {rpsx} | {r['client_cpu_share']:.0%} |"
+    )
+
+
 def markdown(results: dict[str, Any]) -> str:
-    out = [
-        "| server + forwarder | stream | concurrency | p50 ms | added p50 ms | p99 ms "
-        "| p99 ÷ direct | req/s | req/s ÷ direct | load generator CPU |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    rows = sorted(results["rows"], key=lambda r: (r["stream"], r["concurrency"]))
-    for r in rows:
-        direct = r["variant"] == "direct"
-        errors = f" ({r['errors']} errors)" if r["errors"] else ""
-        added, p99x, rpsx = (
-            ("—", "—", "—")
-            if direct
-            else (
-                f"{r['added_p50_ms']:.2f}",
-                f"{r['p99_vs_direct']:.2f}×",
-                f"{r['rps_vs_direct']:.2f}×",
-            )
-        )
-        out.append(
-            f"| {r['variant']}{errors} | {'yes' if r['stream'] else 'no'} | {r['concurrency']} | "
-            f"{r['p50_ms']:.2f} | {added} | {r['p99_ms']:.2f} | {p99x} | {r['rps']:,.0f} | "
-            f"{rpsx} | {r['client_cpu_share']:.0%} |"
-        )
+    head = (
+        " | stream | concurrency | p50 ms | added p50 ms | p99 ms | p99 ÷ direct | req/s "
+        "| req/s ÷ direct | load generator CPU |"
+    )
+    out = ["| server + forwarder | history (msgs)" + head, "|---|---:|---|" + "---:|" * 8]
+    rows = sorted(results["rows"], key=lambda r: (r["stream"], r["history"], r["concurrency"]))
+    out += [_line(r, str(r["history"])) for r in rows]
     out += ["", "| server + forwarder | measured requests served | VmRSS MiB after | peak MiB |"]
     out.append("|---|---:|---:|---:|")
     for name, m in results["memory"].items():
@@ -231,6 +284,15 @@ def markdown(results: dict[str, Any]) -> str:
             f"| {name} | {m['measured_requests']:,} | {m['rss_mb'] or 0:.0f} "
             f"| {m['peak_rss_mb'] or 0:.0f} |"
         )
+    late = results.get("latency_rows") or []
+    if late:
+        out += ["", "With an upstream that waits before answering (50 messages):", ""]
+        out += [
+            "| server + forwarder | upstream answers after" + head,
+            "|---|---:|---|" + "---:|" * 8,
+        ]
+        late = sorted(late, key=lambda r: (r["stream"], r["delay_ms"], r["variant"] != "direct"))
+        out += [_line(r, f"{r['delay_ms']} ms") for r in late]
     return "\n".join(out)
 
 

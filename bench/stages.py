@@ -17,14 +17,15 @@ repetition runs the request path of ``proxy.server.app._serve`` piece by piece, 
   stability tracking) - ``prepare`` minus the three parts above, which it runs again (from
   1,000 messages in a worker thread: the hop is in here too);
 - ``serialize``: the forwarded body (``from_view``, ``orjson.dumps``), headers, URL;
-- ``forward+relay``: sending it with an httpx client as ``forward.make_client`` builds it
+- ``forward+relay``: sending it as the proxy does (``forward.Forwarder`` over the transport)
   and reading the whole answer (the SSE relay's splitting for a stream), minus ``wire``;
-  once per forwarder compared (``upstream.transport``: ``httpx`` or ``aiohttp``, and the
-  ``httpx-aiohttp`` package's transport when it is installed), interleaved;
+  once per forwarder compared (``upstream.transport``: ``h1``, ``aiohttp`` or ``httpx``, and
+  the ``httpx-aiohttp`` package's transport when it is installed), interleaved;
 - ``wire``: the same bytes sent and answered over a bare ``asyncio.Protocol`` connection
   (``bench.loadgen``), which is what the direct row pays: the upstream's own time;
 - ``ledger``: ``Service.finish`` (log line, metrics, the ledger write queued, background
-  check).
+  check); the proxy runs it once the client has its answer, so it is CPU the request costs
+  but not time the client waits.
 
 The server's own HTTP handling (uvicorn, Starlette routing, the response) is not in here:
 it is what ``bench.overhead``'s added p50 has on top of these stages. Figures are medians of
@@ -62,7 +63,13 @@ from bench.overhead import (
     FastUpstream,
     request_body,
 )
-from proxy.adapters.forward import make_client, request_headers, upstream_url
+from proxy.adapters.forward import (
+    Forwarder,
+    make_client,
+    make_transport,
+    request_headers,
+    upstream_url,
+)
 from proxy.adapters.store import DiskStore
 from proxy.config import parse_config
 from proxy.core.controls import request_controls
@@ -98,18 +105,20 @@ CASES = (("50, below trigger", 50, PLAIN_KEY), ("2,000, substitution", 2000, SUB
 SMOKE_CASES = (("20, below trigger", 20, PLAIN_KEY), ("60, substitution", 60, SUBST_KEY))
 
 
-def _httpx_aiohttp(upstream: Any) -> httpx.AsyncClient:
+def _httpx_aiohttp(upstream: Any) -> httpx.AsyncBaseTransport:
     """The ``httpx-aiohttp`` package's transport, when installed (the proxy does not use it:
     its error mapping reports a refused connection as a connect timeout)."""
     from httpx_aiohttp import AiohttpTransport
 
-    return make_client(upstream, AiohttpTransport())
+    return AiohttpTransport()  # type: ignore[no-any-return]
 
 
-# The forwarders compared side by side; the client interface is httpx in all of them.
+# The forwarders compared side by side (the wire under the proxy's ``Forwarder``); the client
+# interface is httpx in all of them.
 TRANSPORTS: dict[str, Any] = {
-    "httpx": lambda u: make_client(replace(u, transport="httpx")),
-    "aiohttp (proxy.aiotransport)": lambda u: make_client(replace(u, transport="aiohttp")),
+    "h1 (proxy.adapters.h1)": lambda u: make_transport(replace(u, transport="h1")),
+    "aiohttp (proxy.aiotransport)": lambda u: make_transport(replace(u, transport="aiohttp")),
+    "httpx": lambda u: make_transport(replace(u, transport="httpx")),
 }
 if importlib.util.find_spec("httpx_aiohttp"):
     TRANSPORTS["httpx-aiohttp package"] = _httpx_aiohttp
@@ -131,7 +140,7 @@ class Wire:
 
 
 async def one(
-    res: Service, raw: bytes, key: str, wire: Wire, client: httpx.AsyncClient
+    res: Service, raw: bytes, key: str, wire: Wire, client: Forwarder
 ) -> dict[str, float]:
     """One request through the stages of ``_serve``; seconds per stage."""
     surface = OPENAI_CHAT
@@ -186,9 +195,7 @@ async def one(
     url = upstream_url(res.config.upstream.base_url, surface.path, "")
     compaction_headers(prepared)
     t8 = clock()
-    upstream = await client.send(
-        client.build_request("POST", url, content=payload, headers=headers), stream=True
-    )
+    upstream = await client.send(client.request("POST", url, payload, headers))
     if stream:
         splitter = EventSplitter()
         async for chunk in upstream.aiter_raw():
@@ -229,7 +236,10 @@ async def measure(upstream_url_: str, store: Path, cases: Any, reps: int, port: 
     samples: dict[tuple[str, bool, str], list[dict[str, float]]] = {}
     async with app.router.lifespan_context(app):
         res: Service = app.state.res
-        clients = {name: make(config.upstream) for name, make in TRANSPORTS.items()}
+        clients = {}
+        for name, make in TRANSPORTS.items():
+            wire_ = make(config.upstream)
+            clients[name] = Forwarder(make_client(config.upstream, wire_), wire_)
         wire = Wire(port)
         for rep in range(reps + 3):  # the first three warm the pool, memo and caches
             for label, _history, key in cases:
@@ -238,8 +248,8 @@ async def measure(upstream_url_: str, store: Path, cases: Any, reps: int, port: 
                         t = await one(res, bodies[(label, stream)], key, wire, client)
                         if rep >= 3:
                             samples.setdefault((label, stream, name), []).append(t)
-        for client in clients.values():
-            await client.aclose()
+        for forwarder in clients.values():
+            await forwarder.client.aclose()
     rows = []
     for (label, stream, name), runs in samples.items():
         med = {s: statistics.median(r[s] for r in runs) * 1000 for s in (*STAGES, "wire")}

@@ -1,14 +1,15 @@
 """A minimal, fast OpenAI-compatible upstream for the overhead benchmark.
 
-    python -m bench.upstream_fast --port 8765 [--host 127.0.0.1]
+    python -m bench.upstream_fast --port 8765 [--host 127.0.0.1] [--delay-ms 0]
 
 An ``asyncio.Protocol`` over ``httptools`` (uvloop when installed) answering every
 ``POST /v1/chat/completions`` with the same fixed reply, as JSON or, when the body asks for
 ``"stream": true``, as server-sent events (with a usage chunk when ``include_usage`` is
 asked for). ``GET /v1/models`` lists the one model; anything else is a 404. HTTP/1.1
 keep-alive, no logging, no JSON parsing of the request: the benchmark wants an upstream whose
-own cost is a small, constant part of every row. It prints ``ready <port>`` on stdout once it
-listens. Only ever bind it to 127.0.0.1.
+own cost is a small, constant part of every row. ``--delay-ms`` holds every answer that long
+(a provider's time to answer; the event loop stays free meanwhile). It prints
+``ready <port>`` on stdout once it listens. Only ever bind it to 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ def response_for(method: bytes, url: bytes, body: bytes, keep_alive: bool) -> by
 class UpstreamProtocol(asyncio.Protocol):
     """One connection: parse requests with httptools, answer each from the fixed replies."""
 
+    delay_s = 0.0  # set once by ``main``
+
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
@@ -183,8 +186,16 @@ class UpstreamProtocol(asyncio.Protocol):
         if self.transport is None:
             return
         keep_alive = self.parser.should_keep_alive()
-        method = self.parser.get_method()
-        self.transport.write(response_for(method, self.url, b"".join(self.body), keep_alive))
+        answer = response_for(self.parser.get_method(), self.url, b"".join(self.body), keep_alive)
+        if self.delay_s:
+            asyncio.get_running_loop().call_later(self.delay_s, self._answer, answer, keep_alive)
+        else:
+            self._answer(answer, keep_alive)
+
+    def _answer(self, answer: bytes, keep_alive: bool) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.transport.write(answer)
         if not keep_alive:
             self.transport.close()
 
@@ -202,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.upstream_fast", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
+    parser.add_argument("--delay-ms", type=float, default=0.0, help="hold every answer this long")
     args = parser.parse_args(argv)
+    UpstreamProtocol.delay_s = max(args.delay_ms, 0.0) / 1000
     try:
         from uvloop import run
     except ImportError:  # plain asyncio works, a little slower

@@ -20,7 +20,7 @@ ENV_VAR = "COMPACTION_PROXY_CONFIG"
 _ENV_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-(.*?))?\}")
 
 
-TRANSPORTS = ("aiohttp", "httpx")
+TRANSPORTS = ("h1", "aiohttp", "httpx")
 
 
 class ConfigError(ValueError):
@@ -40,7 +40,7 @@ class Upstream:
     timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     max_connections: int = 512
-    transport: str = "aiohttp"  # the wire under the httpx client: aiohttp | httpx
+    transport: str = "h1"  # the wire under the httpx client: h1 | aiohttp | httpx
 
 
 @dataclass(frozen=True)

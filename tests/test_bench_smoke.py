@@ -78,7 +78,7 @@ def test_report_has_every_section_with_numbers(smoke: tuple[Path, str]) -> None:
     assert "CPUs" in machine and "Python 3." in machine
     headings = ("Aims", "1. Overhead", "2. Core cost", "3. Savings", "4. Compaction policies")
     more = ("5. Where the added time goes", "6. Servers and forwarders side by side")
-    for heading in (*headings, *more, "7. Agent session"):
+    for heading in (*headings, *more, "7. Agent session", "8. Memory of one worker"):
         text = section(report, heading)
         assert "This section failed" not in text, text[-3000:]
         rows = table_rows(text)

@@ -22,7 +22,7 @@ from proxy.adapters.reach import classify
 from tests.proxyproc import ProxyProcess, free_port
 from tests.rawupstream import tcp_server
 
-TRANSPORTS = ("aiohttp", "httpx")
+TRANSPORTS = ("h1", "aiohttp", "httpx")
 WAIT_S = 60.0  # only ever reached when something is broken
 
 

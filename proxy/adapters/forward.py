@@ -14,6 +14,7 @@ from urllib.parse import unquote
 import httpx
 
 from proxy.adapters.aiotransport import AiohttpTransport
+from proxy.adapters.h1 import H1Transport
 from proxy.adapters.reach import classify, safe_url
 from proxy.config import Upstream
 from proxy.core.errors import BadRequest, UpstreamTimeout, UpstreamUnavailable, UpstreamUnreachable
@@ -61,6 +62,8 @@ def _limits(upstream: Upstream) -> httpx.Limits:
 def make_transport(upstream: Upstream) -> httpx.AsyncBaseTransport:
     """The wire per ``upstream.transport``: aiohttp's pool (``proxy.aiotransport``) or
     httpx's own, built as ``httpx.AsyncClient`` would build it for ``make_client``."""
+    if upstream.transport == "h1":
+        return H1Transport(_limits(upstream))
     if upstream.transport == "aiohttp":
         return AiohttpTransport(_limits(upstream))
     return httpx.AsyncHTTPTransport(limits=_limits(upstream), http2=False, trust_env=False)
