@@ -41,6 +41,7 @@ from proxy.operators import admin, admintoken, dashboard  # the operators' view
 from proxy.server import probes
 from proxy.server.abort import AbortOnBrokenBody
 from proxy.server.errors import HANDLERS
+from proxy.server.front import ChatFront
 from proxy.server.incoming import describe, parse_and_validate, read_body
 from proxy.server.passthrough import passthrough
 from proxy.server.relay import forward_stream, forward_whole
@@ -146,7 +147,7 @@ def create_app(
     *,
     transport: httpx.AsyncBaseTransport | None = None,
     store: Store | None = None,
-) -> Starlette:
+) -> ChatFront:
     """The ASGI app. ``transport`` and ``store`` swap the wire and the state in tests."""
 
     @contextlib.asynccontextmanager
@@ -174,12 +175,12 @@ def create_app(
             await service.close(timeout=30)
             await client.aclose()
 
+    chat = {s.path: ChatRoute(s) for s in (OPENAI_CHAT, ANTHROPIC_MESSAGES, OPENAI_RESPONSES)}
     routes = [
         Route("/healthz", probes.healthz, methods=["GET"]),
         Route("/readyz", probes.readyz, methods=["GET"]),
-        Route(OPENAI_CHAT.path, ChatRoute(OPENAI_CHAT), methods=["POST"]),
-        Route(ANTHROPIC_MESSAGES.path, ChatRoute(ANTHROPIC_MESSAGES), methods=["POST"]),
-        Route(OPENAI_RESPONSES.path, ChatRoute(OPENAI_RESPONSES), methods=["POST"]),
+        # Reached through ChatFront for POST; here for every other method's 405.
+        *(Route(path, route, methods=["POST"]) for path, route in chat.items()),
         *admin.routes(),  # operators' view: /metrics, /admin/api/*
         *dashboard.routes(),  # operators' view: /dashboard
         Route(
@@ -188,9 +189,10 @@ def create_app(
             methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],
         ),
     ]
-    return Starlette(
+    app = Starlette(
         routes=routes,
         lifespan=lifespan,
         middleware=[Middleware(AbortOnBrokenBody)],
         exception_handlers=HANDLERS,  # type: ignore[arg-type]
     )
+    return ChatFront(app, chat)

@@ -172,7 +172,7 @@ async def _read_up_to(
     the rest of the body still to come."""
     chunks: list[bytes] = []
     size = 0
-    rest = upstream.aiter_bytes()
+    rest = Forwarder.chunks(upstream, decoded=True)
     async for chunk in rest:
         chunks.append(chunk)
         size += len(chunk)
@@ -259,7 +259,7 @@ async def _relay_events(
     usage: dict[str, Any] = {}
     completed = False
     try:
-        async for chunk in upstream.aiter_raw():
+        async for chunk in Forwarder.chunks(upstream, decoded=False):
             # Every event completed by this read goes out at once, in one write: nothing
             # waits for later bytes, and the client is not sent one syscall per event.
             out = []
