@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = (2, 50)
 DEFAULT = "uvicorn + h1"  # what ``compaction-proxy serve`` runs with the default config
 CONCURRENCY = (1, 32)
-LATENCIES_MS = (10, 50)  # the upstream's time to answer in the second comparison
+LATENCIES_MS = (10, 50, 200)  # the upstream's time to answer in the second comparison
 
 
 class Variant:
