@@ -12,6 +12,10 @@ Every variant runs at once as its own process in front of one fast upstream
   or ``httpx``;
 - ``granian + h1``: the same app (``proxy.cli:app_factory``) under granian's ASGI
   server (uvloop), when granian is installed;
+- ``nginx (C, relays only)``: nginx as a plain reverse proxy to the same upstream (one
+  worker, kept-alive upstream connections, no buffering), when ``nginx`` is installed: no
+  parsing of the body, no Python. It is the reference for what any proxy in front of this
+  upstream, on these CPUs, can reach;
 - ``litellm (no callbacks)``: ``litellm --config`` to the same upstream, when its proxy
   server is installed (``--no-litellm`` leaves it out).
 
@@ -112,6 +116,61 @@ class Variant:
         _stop(self.proc)
 
 
+NGINX_CONF = """
+worker_processes 1;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {tmp}/body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    client_max_body_size 64m;
+    client_body_buffer_size 4m;
+    upstream fast {{ server 127.0.0.1:{upstream}; keepalive 256; }}
+    server {{
+        listen 127.0.0.1:{port};
+        location / {{
+            proxy_pass http://fast;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+        }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    """nginx (``NGINX_CONF``) in front of the upstream, in the foreground."""
+
+    def __init__(self, work: Path, upstream_port: int) -> None:
+        self.name = "nginx (C, relays only)"
+        self.port = free_port()
+        self.tmp = work / "nginx"
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.conf = self.tmp / "nginx.conf"
+        self.conf.write_text(
+            NGINX_CONF.format(tmp=self.tmp, upstream=upstream_port, port=self.port)
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Nginx:
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        command = [binary, "-p", str(self.tmp), "-c", str(self.conf), "-g", "daemon off;"]
+        log_path = self.tmp / "stderr.log"
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        _wait_http(f"http://127.0.0.1:{self.port}/v1/models", self.proc, self.name, log_path, 30)
+        return self
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
 def _summary(
     samples: dict[tuple[Any, ...], list[dict[str, Any]]], direct_of: Any
 ) -> list[dict[str, Any]]:
@@ -158,6 +217,7 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
     upstream = FastUpstream(work / "upstream.log").start()
     profile = Profile("servers", HISTORIES[-1], (), CONCURRENCY, 0.3, duration, 100_000)
     variants: list[Variant] = []
+    variants_c: list[Nginx] = []
     others: list[LiteLLMServer] = []
     slow: list[tuple[int, FastUpstream, Variant]] = []
     samples: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -173,6 +233,14 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
         variants = [Variant(n, s, t, work, upstream.base_url).start() for n, s, t in specs]
         names: list[tuple[str, int, int | None, str]] = [("direct", upstream.port, None, PLAIN_KEY)]
         names += [(v.name, v.port, v.proc.pid if v.proc else None, PLAIN_KEY) for v in variants]
+        if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
+            try:
+                relay = Nginx(work, upstream.port).start()
+                assert relay.proc is not None
+                variants_c.append(relay)
+                names.append((relay.name, relay.port, relay.proc.pid, PLAIN_KEY))
+            except RuntimeError as exc:  # a broken nginx leaves its row out
+                print(f"nginx left out: {exc}", file=sys.stderr)
         if litellm:
             try:
                 peer = LiteLLMServer(work / "litellm", upstream.base_url, hook=False).start()
@@ -197,7 +265,7 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
                             samples.setdefault((name, stream, history, c), []).append(result)
         memory = {}
         for name, _port, pid, _key in names:
-            if pid is None:
+            if pid is None or name.startswith("nginx"):
                 continue
             served = sum(
                 s["requests"] for (n, *_), runs in samples.items() if n == name for s in runs
@@ -225,6 +293,8 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
     finally:
         for v in variants:
             v.stop()
+        for relay in variants_c:
+            relay.stop()
         for peer in others:
             peer.stop()
         for _, up, v in slow:
