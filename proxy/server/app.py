@@ -1,9 +1,11 @@
 """The standalone proxy: a Starlette app over the shared service (DESIGN §2, §9).
 
-``create_app(config, transport=..., store=...)`` builds the app; its lifespan owns the httpx
-client and the service (store, compactor, metrics registry, store health), so building two
-apps in one process is safe. A chat request goes ``Service.begin`` -> forward
-(``proxy.server.relay``) -> ``Service.finish``, as it does in the LiteLLM hook.
+``create_app(config, transport=..., store=...)`` builds the app (behind ``ChatFront``, which
+sends the chat POSTs to their ``ChatRoute`` directly); its lifespan owns the httpx client,
+the chat routes' ``Forwarder`` and the service (store, compactor, metrics registry, store
+health), so building two apps in one process is safe. A chat request goes
+``Service.begin`` -> forward (``proxy.server.relay``) -> ``Service.finish``, as it does in
+the LiteLLM hook.
 """
 
 from __future__ import annotations
