@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,12 @@ def test_a_client_gone_closes_the_upstream_connection(
                 break
     assert upstream.closed.wait(WAIT_S), "the upstream connection stayed open"
     assert httpx.get(f"{proxy.root}/healthz").status_code == 200
+    # Recorded as the client going away (499), and no traceback for it.
+    deadline = time.monotonic() + WAIT_S
+    while '"upstream_status":499' not in proxy.log_path.read_text():
+        assert time.monotonic() < deadline, "no 499 request line in the proxy's log"
+        time.sleep(0.05)
+    assert "Traceback" not in proxy.log_path.read_text()
 
 
 def test_a_stalled_stream_ends_with_an_error_event(proxy: ProxyProcess) -> None:
