@@ -11,6 +11,7 @@ import json
 import socket
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,12 +66,18 @@ class GatedUpstream:
         if not reader.readline():
             return
         length = 0
+        accepts = b""
         while (line := reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"content-length":
                 length = int(value)
+            if name.strip().lower() == b"accept-encoding":
+                accepts = value.strip().lower()
         body = json.loads(reader.read(length))
         scenario = body["messages"][0]["content"]
+        if scenario == "gzip":
+            self._gzipped(sock, accepts)
+            return
         if scenario == "nohead":
             self.release.wait(WAIT_S)
             return
@@ -92,6 +99,25 @@ class GatedUpstream:
                 self.closed.set()
         else:  # stall
             self.release.wait(WAIT_S)
+
+    def _gzipped(self, sock: socket.socket, accepts: bytes) -> None:
+        """The stream compressed, as a provider may when the request accepts gzip: each
+        event flushed so it can be decoded on arrival."""
+        events = [_event("first"), _event("second"), b"data: [DONE]\n\n"]
+        if b"gzip" not in accepts:
+            head, parts = b"", events
+        else:
+            packer = zlib.compressobj(wbits=31)
+            head = b"content-encoding: gzip\r\n"
+            parts = [packer.compress(e) + packer.flush(zlib.Z_SYNC_FLUSH) for e in events]
+            parts[-1] += packer.flush()
+        sock.sendall(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + head
+            + b"transfer-encoding: chunked\r\n\r\n"
+        )  # fmt: skip
+        for part in parts:
+            sock.sendall(_chunked(part))
+        sock.sendall(b"0\r\n\r\n")
 
 
 def _chunked(data: bytes) -> bytes:
@@ -158,6 +184,18 @@ def test_a_client_gone_closes_the_upstream_connection(
         assert time.monotonic() < deadline, "no 499 request line in the proxy's log"
         time.sleep(0.05)
     assert "Traceback" not in proxy.log_path.read_text()
+
+
+def test_a_compressed_stream_reaches_the_client_as_events(proxy: ProxyProcess) -> None:
+    # The relay reads the events: whatever encoding the upstream chose, the client gets them
+    # decoded (and no Content-Encoding claiming otherwise).
+    url = f"{proxy.base_url}/chat/completions"
+    with httpx.stream("POST", url, json=_body("gzip"), timeout=WAIT_S) as r:
+        assert r.status_code == 200
+        assert "content-encoding" not in r.headers
+        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
+    texts = [json.loads(line[6:])["choices"][0]["delta"]["content"] for line in lines[:-1]]
+    assert (texts, lines[-1]) == (["first", "second"], "data: [DONE]")
 
 
 def test_a_stalled_stream_ends_with_an_error_event(proxy: ProxyProcess) -> None:

@@ -121,12 +121,11 @@ class Forwarder:
         return response
 
     @staticmethod
-    def chunks(response: httpx.Response, *, decoded: bool) -> AsyncIterator[bytes]:
-        """The answer's body as it arrives: decoded (``aiter_bytes``) or as sent
-        (``aiter_raw``). An answer with no ``Content-Encoding`` is the same either way, and is
-        read straight from the transport, without httpx's per-response decoder and chunker
-        set-up (~30 us a request)."""
-        if decoded and "content-encoding" in response.headers:
+    def chunks(response: httpx.Response) -> AsyncIterator[bytes]:
+        """The answer's body as it arrives, decoded (what ``aiter_bytes`` gives). One with no
+        ``Content-Encoding`` is read straight from the transport, without httpx's
+        per-response decoder and chunker set-up (~30 us a request)."""
+        if "content-encoding" in response.headers:
             return response.aiter_bytes()
         return _raw(response)
 

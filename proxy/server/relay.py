@@ -33,7 +33,7 @@ from proxy.server.surfaces import Surface, usage_of
 log = logging.getLogger("compaction_proxy.server")
 # Set by the server answering (uvicorn): relaying the upstream's too would send two of each.
 SERVER_SET = frozenset({"date", "server"})
-# Not relayed on the routes the proxy reads: it asked for the body unencoded.
+# Not relayed on the routes the proxy reads: it relays the body decoded (Forwarder.chunks).
 RELAY_DROPPED = frozenset({"content-encoding"}) | SERVER_SET
 
 
@@ -172,7 +172,7 @@ async def _read_up_to(
     the rest of the body still to come."""
     chunks: list[bytes] = []
     size = 0
-    rest = Forwarder.chunks(upstream, decoded=True)
+    rest = Forwarder.chunks(upstream)
     async for chunk in rest:
         chunks.append(chunk)
         size += len(chunk)
@@ -259,7 +259,9 @@ async def _relay_events(
     usage: dict[str, Any] = {}
     completed = False
     try:
-        async for chunk in Forwarder.chunks(upstream, decoded=False):
+        # Decoded: a provider may compress the stream (the client gets it plain, as the
+        # relayed headers, without Content-Encoding, say).
+        async for chunk in Forwarder.chunks(upstream):
             # Every event completed by this read goes out at once, in one write: nothing
             # waits for later bytes, and the client is not sent one syscall per event.
             out = []
