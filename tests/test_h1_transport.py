@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -340,3 +342,94 @@ def test_a_post_is_never_sent_twice() -> None:
         with pytest.raises(httpx.RemoteProtocolError):
             call(up.port, t)
         assert up.connections == 1
+
+
+def self_signed(tmp_path: Path) -> tuple[Path, Path]:
+    """A certificate for ``localhost`` and its key (PEM files)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return cert_path, key_path
+
+
+class TlsScripted(Scripted):
+    """``Scripted`` behind TLS with the given certificate."""
+
+    def __init__(self, scripts: list[Script], cert: Path, key: Path) -> None:
+        super().__init__(scripts)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert, key)
+        self.context = context
+
+    def _handle(self, sock: socket.socket) -> None:
+        try:
+            wrapped = self.context.wrap_socket(sock, server_side=True)
+        except (ssl.SSLError, OSError):
+            return  # the client refused the certificate
+        super()._handle(wrapped)
+
+
+def https_call(port: int, transport: H1Transport) -> bytes:
+    async def run() -> bytes:
+        request = httpx.Request(
+            "POST", f"https://localhost:{port}/v1/chat/completions", content=b"{}",
+            extensions={"timeout": {"connect": 5, "read": 10, "pool": 5}},
+        )  # fmt: skip
+        response = await transport.handle_async_request(request)
+        try:
+            return b"".join([chunk async for chunk in response.stream])
+        finally:
+            await response.aclose()
+
+    return asyncio_run(run())  # type: ignore[no-any-return]
+
+
+def test_https_verifies_the_certificate_and_keeps_the_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cert, key = self_signed(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted as httpx would trust it
+    with TlsScripted([], cert, key) as up:
+        up.scripts.append(up.answers(ok(b"secure"), ok(b"again")))
+        t = transport()
+        assert https_call(up.port, t) == b"secure"
+        assert https_call(up.port, t) == b"again"
+        assert up.connections == 1
+        assert b"\r\nhost: localhost:%d\r\n" % up.port in up.requests[0].lower()
+
+
+def test_an_untrusted_certificate_is_a_connect_error(tmp_path: Path) -> None:
+    cert, key = self_signed(tmp_path)
+    with TlsScripted([], cert, key) as up:
+        up.scripts.append(up.answers(ok(b"never")))
+        with pytest.raises(httpx.ConnectError) as caught:
+            https_call(up.port, transport())
+        assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
