@@ -11,11 +11,12 @@ from functools import partial
 from typing import Any
 
 from litellm.integrations.custom_logger import CustomLogger
+from litellm.proxy._types import ProxyException
 
 from hooks.litellm_payload import ROUTE, describe, failure_status, is_client_chat, seconds, usage_of
-from hooks.litellm_service import Calls, Starter
+from hooks.litellm_service import Calls, Starter, rejected
 from proxy.config import Config
-from proxy.engine.service import Service
+from proxy.engine.service import Service, too_long
 
 
 class CompactionHook(CustomLogger):
@@ -33,6 +34,12 @@ class CompactionHook(CustomLogger):
         if not is_client_chat(data, call_type) or (service := await self.starter.service()) is None:
             return data
         call = await service.begin(ROUTE, partial(describe, data, user_api_key_dict), started=t0)
+        error = too_long(call.prepared, str(data.get("model", "")))
+        if error is not None:
+            # Not forwarded: the provider would reject it. A 400 in OpenAI's shape, as the
+            # standalone server answers (LiteLLM relays a ProxyException as it is).
+            rejected(service, error)
+            raise ProxyException(message=str(error), type=error.type, param=None, code=error.status)
         if call.prepared is not None and call.prepared.changed:
             data["messages"] = call.prepared.forwarded
         self.calls.add(data, call)

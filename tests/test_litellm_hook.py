@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import yaml
 
@@ -194,6 +195,31 @@ def test_long_tool_conversation_is_compacted_through_litellm(
 
         assert _wait_for(ledger_done), _ledger_totals(litellm_proc.store_url)
         assert _ledger_totals(litellm_proc.store_url).get("prompt_tokens", 0) > 0
+
+
+def test_over_the_context_window_is_a_clear_400_not_a_forward(
+    litellm_proc: LiteLLMProcess, upstream: ScriptedUpstream, request: Any
+) -> None:
+    """One user message over the model's window (gpt-4o-mini: 128k) leaves nothing to drop:
+    the hook answers a 400 in OpenAI's shape, as the standalone server does, instead of
+    letting LiteLLM forward what the provider would reject."""
+    settle(upstream)
+    client = litellm_proc.client(tenant=request.node.name)
+    with litellm_proc.logs_on_failure():
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "word " * 130_000}]
+            )
+        assert caught.value.status_code == 400
+        assert caught.value.type == "invalid_request_error"  # (LiteLLM puts the status in code)
+        assert "context window" in caught.value.message
+        assert upstream.chat_requests() == []  # nothing went upstream
+        # A request that fits still goes through.
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "a short question"}]
+        )
+        assert reply.choices[0].message.content
+        assert len(upstream.chat_requests()) == 1
 
 
 def test_compaction_off_header_forwards_unchanged(

@@ -22,6 +22,7 @@ from proxy.adapters.llm import LLM
 from proxy.adapters.store import Store, open_store
 from proxy.config import Config, load_prompt
 from proxy.core.controls import request_controls
+from proxy.core.errors import ContextTooLong
 from proxy.core.messages import Message
 from proxy.core.prepared import Prepared, Prompts
 from proxy.engine.compactor import Compactor
@@ -51,6 +52,19 @@ class Incoming:
     outside_cache_marks: int = 0
     reserve_tokens: int = 0  # tools and the requested reply, for the context-window guard
     offload: bool = False  # a big body: identify and count it in a worker thread
+
+
+def too_long(prepared: Prepared | None, model: str) -> ContextTooLong | None:
+    """The error for a request that, even compacted, is over the model's context window
+    (nothing is left to drop: the provider would reject it); None when it fits. Both front
+    doors answer it themselves, in their route's error shape, instead of forwarding."""
+    if prepared is None or not prepared.too_long:
+        return None
+    return ContextTooLong(
+        f"the conversation needs {prepared.forwarded_tokens} tokens after compaction "
+        f"(plus {prepared.reserve_tokens} for tools and the reply), more than the "
+        f"context window of {model}; start a new conversation or shorten it"
+    )
 
 
 @dataclass

@@ -35,10 +35,9 @@ from proxy.adapters.forward import (
 from proxy.adapters.llm import HttpLLM
 from proxy.adapters.store import Store
 from proxy.config import Config
-from proxy.core.errors import ContextTooLong
 from proxy.core.headers import compaction_headers
 from proxy.core.tokens import warm_tokenizers
-from proxy.engine.service import Service, build_service
+from proxy.engine.service import Service, build_service, too_long
 from proxy.operators import admin, admintoken, dashboard  # the operators' view
 from proxy.server import probes
 from proxy.server.abort import AbortOnBrokenBody
@@ -84,13 +83,9 @@ async def _serve(request: Request, surface: Surface, send: Send) -> None:
         surface.name, lambda: describe(request, surface, body, counter, big), started=started
     )
     prepared = call.prepared
-    if prepared is not None and prepared.too_long:
-        # Nothing left to drop: the provider would reject it; say so in the route's shape.
-        raise ContextTooLong(
-            f"the conversation needs {prepared.forwarded_tokens} tokens after compaction "
-            f"(plus {prepared.reserve_tokens} for tools and the reply), more than the "
-            f"context window of {body['model']}; start a new conversation or shorten it"
-        )
+    error = too_long(prepared, body["model"])
+    if error is not None:
+        raise error  # the route's own shape (proxy.server.errors)
 
     stream = body.get("stream") is True
     out = body
