@@ -10,7 +10,7 @@ messages of a tenant, so a stored compaction can only ever match the history it 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -36,7 +36,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def canonical_content(content: Any) -> Any:
+def canonical_content(content: Any, clean: Callable[[Any], Any] = _clean) -> Any:
     """The content with a list of exactly one text part collapsed to its string."""
     if isinstance(content, list):
         if (
@@ -46,7 +46,7 @@ def canonical_content(content: Any) -> Any:
             and isinstance(content[0].get("text"), str)
         ):
             return content[0]["text"]
-        return _clean(content)
+        return clean(content)
     return content
 
 
@@ -56,18 +56,23 @@ def canonical_form(message: Message) -> bytes:
 
 
 def _meaning(message: Message) -> dict[str, Any]:
+    """The canonical form, every nested value walked (the definition)."""
+    return _form(message, _clean)
+
+
+def _form(message: Message, clean: Callable[[Any], Any]) -> dict[str, Any]:
     form: dict[str, Any] = {}
     for key in _MEANING_FIELDS:
         value = message.get(key)
         if value is None:
             continue
         if key == "content":
-            value = canonical_content(value)
+            value = canonical_content(value, clean)
             if value == "" and message.get("tool_calls"):
                 # Clients disagree on "" vs null for the content of a tool-calling turn.
                 continue
         elif isinstance(value, dict | list):
-            value = _clean(value)
+            value = clean(value)
         form[key] = value
     return form
 
@@ -78,37 +83,18 @@ def _plain(role: str, content: str) -> bytes:
     return xxhash.xxh3_128_digest(f"plain\x00{role}\x00{content}".encode())
 
 
-def _shallow(message: Message) -> dict[str, Any] | None:
-    """``_meaning`` without its walk when nothing nested needs cleaning; None when something
-    might (then ``_meaning`` is the canonical form)."""
-    form: dict[str, Any] = {}
-    for key in _MEANING_FIELDS:
-        value = message.get(key)
-        if value is None:
-            continue
-        if key == "content":
-            if isinstance(value, list) and len(value) == 1:
-                value = canonical_content(value)
-            if value == "" and message.get("tool_calls"):
-                continue
-        if type(value) is dict or type(value) is list:
-            if not _clean_already(value):
-                return None
-        elif isinstance(value, dict | list):
-            return None
-        form[key] = value
-    return form
-
-
-def _clean_already(value: dict[str, Any] | list[Any]) -> bool:
-    """Whether ``_clean`` would leave ``value`` as it is: no null and no cache mark, which
-    its JSON shows in one C call (a "null" or "cache_control" inside a string only sends the
-    message the longer way)."""
-    try:
-        encoded = orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return False
-    return b"null" not in encoded and b'"cache_control"' not in encoded
+def _cleaned(value: Any) -> Any:
+    """``_clean(value)`` without its walk when it would leave ``value`` as it is: no null
+    and no cache mark, which its JSON shows in one C call (a "null" or "cache_control"
+    inside a string only sends the value the longer way)."""
+    if type(value) is dict or type(value) is list:
+        try:
+            encoded = orjson.dumps(value)
+        except orjson.JSONEncodeError:
+            return _clean(value)
+        if b"null" not in encoded and b'"cache_control"' not in encoded:
+            return value
+    return _clean(value)
 
 
 def fingerprint(message: Message) -> bytes:
@@ -116,9 +102,7 @@ def fingerprint(message: Message) -> bytes:
     role, content = message.get("role"), message.get("content")
     if len(message) == 2 and type(role) is str and type(content) is str:
         return _plain(role, content)
-    form = _shallow(message)
-    if form is None:
-        form = _meaning(message)
+    form = _form(message, _cleaned)
     if len(form) == 2 and type(form.get("role")) is str and type(form.get("content")) is str:
         return _plain(form["role"], form["content"])
     return xxhash.xxh3_128_digest(orjson.dumps(form, option=orjson.OPT_SORT_KEYS))
