@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import ssl
+import sys
 from collections.abc import AsyncIterator
 
 import httptools
@@ -39,6 +40,8 @@ import httpx
 # Past this much unread body the socket stops being read (the client is slower than the
 # upstream); reading resumes once the relay has taken it.
 HIGH_WATER = 1024 * 1024
+# A request body up to this size is joined to its head and sent in one write.
+ONE_WRITE = 64 * 1024
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
 
 
@@ -159,15 +162,17 @@ class _Conn(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def wait(self, timeout: float | None) -> None:
-        """Until something more happened (bytes, the end, an error); ``TimeoutError`` after
-        ``timeout``. (A timer on the future: ``asyncio.timeout`` costs several times more, and
-        this runs for every answer.)"""
+    async def wait(self, timeout: float | None, request: httpx.Request) -> None:
+        """Until something more happened (bytes, the end, an error); ``httpx.ReadTimeout``
+        after ``timeout``. (A timer on the future: ``asyncio.timeout`` costs several times
+        more, and this runs for every answer.)"""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
         timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
         try:
             await waiter
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout("upstream read timed out", request=request) from exc
         finally:
             self._waiter = None
             if timer is not None:
@@ -213,10 +218,7 @@ class _Body(httpx.AsyncByteStream):
                 return
             if conn.error is not None:
                 raise _mapped(conn.error, self._request)
-            try:
-                await conn.wait(read)
-            except TimeoutError as exc:
-                raise httpx.ReadTimeout("upstream read timed out", request=self._request) from exc
+            await conn.wait(read, self._request)
 
     async def aclose(self) -> None:
         if not self._released:
@@ -239,7 +241,8 @@ class H1Transport(httpx.AsyncBaseTransport):
 
     def __init__(self, limits: httpx.Limits) -> None:
         self._max = limits.max_connections or 0
-        self._keep = limits.max_keepalive_connections
+        keep = limits.max_keepalive_connections
+        self._keep = keep if keep is not None else sys.maxsize
         self._expiry = limits.keepalive_expiry
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._slots: asyncio.Semaphore | None = None
@@ -269,9 +272,10 @@ class H1Transport(httpx.AsyncBaseTransport):
                 conn, reused = await self._connection(key, timeout.get("connect"), request)
                 conn.start(head_only=request.method == "HEAD")
                 assert conn.transport is not None
-                conn.transport.write(bytes(head) + body if len(body) < 65536 else bytes(head))
-                if len(body) >= 65536:
-                    conn.transport.write(body)
+                if len(body) < ONE_WRITE:
+                    conn.transport.write(bytes(head) + body)
+                else:  # not copied into one buffer
+                    conn.transport.writelines((bytes(head), body))
                 try:
                     await self._head(conn, timeout.get("read"), request)
                 except _Gone:
@@ -302,10 +306,7 @@ class H1Transport(httpx.AsyncBaseTransport):
                 if isinstance(conn.error, _Gone):
                     raise conn.error
                 raise _mapped(conn.error, request)
-            try:
-                await conn.wait(read)
-            except TimeoutError as exc:
-                raise httpx.ReadTimeout("upstream read timed out", request=request) from exc
+            await conn.wait(read, request)
 
     async def _take_slot(self, pool: float | None, request: httpx.Request) -> None:
         if not self._max:
@@ -350,15 +351,12 @@ class H1Transport(httpx.AsyncBaseTransport):
     def release(self, conn: _Conn, reuse: bool) -> None:
         """An answer is done with: its connection back to the pool, or closed."""
         idle = self._idle.setdefault(conn.key, [])
-        if reuse and not conn.closed and len(idle) < self._keep_limit():
+        if reuse and not conn.closed and len(idle) < self._keep:
             conn.idle_since = asyncio.get_running_loop().time()
             idle.append(conn)
         else:
             conn.close()
         self._free_slot()
-
-    def _keep_limit(self) -> int:
-        return self._keep if self._keep is not None else 1 << 30
 
     async def aclose(self) -> None:
         for idle in self._idle.values():
