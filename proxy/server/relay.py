@@ -190,7 +190,6 @@ async def _relay_whole(
 ) -> AsyncGenerator[bytes, None]:
     loop = asyncio.get_running_loop()
     tail = head[-TAIL_BYTES:]
-    completed = False
     try:
         yield head
         while True:
@@ -203,14 +202,12 @@ async def _relay_whole(
                     break
             tail = (tail + chunk)[-TAIL_BYTES:]
             yield chunk
-        completed = True
+        ending.status = upstream.status_code  # the whole body relayed
+        ending.usage = usage_in_tail(tail) if ending.status == 200 else None
     except (httpx.HTTPError, TimeoutError) as exc:
         log.warning("upstream body broke", extra={"error": type(exc).__name__})
         raise BodyBroken from exc
     finally:
-        if completed:
-            ending.status = upstream.status_code
-            ending.usage = usage_in_tail(tail) if ending.status == 200 else None
         await upstream.aclose()
 
 
@@ -257,7 +254,6 @@ async def _relay_events(
     """
     splitter = EventSplitter()
     usage: dict[str, Any] = {}
-    completed = False
     try:
         # Decoded: a provider may compress the stream (the client gets it plain, as the
         # relayed headers, without Content-Encoding, say).
@@ -278,8 +274,7 @@ async def _relay_events(
                 out.append(event)
                 terminal = terminal or is_terminal(event)
             if terminal:
-                # Before the write: the client may close as soon as it has it.
-                completed, ending.status = True, 200
+                ending.status = 200  # before the write: the client may close once it has it
             if out:
                 yield b"".join(out)
             if terminal:
@@ -288,10 +283,10 @@ async def _relay_events(
             rest = splitter.flush()
             if rest:
                 yield rest
-            completed, ending.status = True, 200
+            ending.status = 200
     except httpx.HTTPError as exc:
         log.warning("upstream stream broke", extra={"error": type(exc).__name__})
-        if not completed:
+        if ending.status != 200:
             message = surface.error_body(
                 "upstream stream interrupted", "upstream_error", "upstream_error"
             )
