@@ -6,8 +6,9 @@ the ~0.8 ms the proxy adds (docs/benchmarks.md, #16). ``ChatFront`` sends a ``PO
 of the three chat paths to its ``ChatRoute`` directly and handles what it raises as the
 middlewares would: a failure before the answer started becomes the answer the app's
 exception handlers give (``proxy.server.errors.HANDLERS``, the route's own error shape); a
-broken upstream body after it started drops the connection (``abort.BodyBroken``). Every
-other request, and the app's lifespan, goes to the Starlette app unchanged.
+broken upstream body after it started drops the connection (``abort.AbortOnBrokenBody``,
+as for every other route). Every other request, and the app's lifespan, goes to the
+Starlette app unchanged.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proxy.server.abort import BodyBroken
+from proxy.server.abort import AbortOnBrokenBody
 from proxy.server.errors import HANDLERS, unexpected
 
 
@@ -30,7 +31,8 @@ class ChatFront:
 
     def __init__(self, app: Starlette, routes: Mapping[str, ASGIApp]) -> None:
         self.app = app
-        self.routes = dict(routes)
+        # A broken upstream body after the answer started: the server drops the connection.
+        self.routes = {path: AbortOnBrokenBody(route) for path, route in routes.items()}
 
     @property
     def state(self) -> State:
@@ -59,8 +61,6 @@ class ChatFront:
 
         try:
             await route(scope, receive, tracked)
-        except BodyBroken:
-            return  # the answer stays incomplete: the server drops the connection
         except Exception as exc:
             if started:
                 raise  # too late for an error answer: the server drops the connection
