@@ -6,6 +6,7 @@ it, as in the standalone server; fails open. ``litellm_service``: settings, star
 
 from __future__ import annotations
 
+import logging
 import time
 from functools import partial
 from typing import Any
@@ -14,9 +15,11 @@ from litellm.integrations.custom_logger import CustomLogger
 from litellm.proxy._types import ProxyException
 
 from hooks.litellm_payload import ROUTE, describe, failure_status, is_client_chat, seconds, usage_of
-from hooks.litellm_service import Calls, Starter, rejected
+from hooks.litellm_service import Calls, Starter
 from proxy.config import Config
-from proxy.engine.service import Service, too_long
+from proxy.engine.service import Service, record_rejection, too_long
+
+log = logging.getLogger("compaction_proxy.litellm")  # as hooks.litellm_service logs
 
 
 class CompactionHook(CustomLogger):
@@ -38,7 +41,8 @@ class CompactionHook(CustomLogger):
         if error is not None:
             # Not forwarded: the provider would reject it. A 400 in OpenAI's shape, as the
             # standalone server answers (LiteLLM relays a ProxyException as it is).
-            rejected(service, error)
+            reason = error.code or error.type
+            record_rejection(log, service.metrics, ROUTE, error.status, reason)
             raise ProxyException(message=str(error), type=error.type, param=None, code=error.status)
         if call.prepared is not None and call.prepared.changed:
             data["messages"] = call.prepared.forwarded

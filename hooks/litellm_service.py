@@ -22,9 +22,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from hooks.litellm_llm import LiteLLMRouterLLM
-from hooks.litellm_payload import ROUTE, is_internal
+from hooks.litellm_payload import is_internal
 from proxy.config import ENV_VAR, Config, ConfigError, load_config, parse_config
-from proxy.core.errors import ProxyError
 from proxy.core.headers import compaction_headers
 from proxy.engine.service import Call, Service, build_service
 from proxy.logs import setup_logging
@@ -108,14 +107,6 @@ def start_service(config: Config | None = None) -> Service:
     expose_metrics(service)
     log.info("compaction hook started", extra={"store": config.store.url.split("://")[0]})
     return service
-
-
-def rejected(service: Service, error: ProxyError) -> None:
-    """Log and count a request the hook answers itself with a 4xx (route and reason, never
-    content), as the standalone server does."""
-    reason = error.code or error.type
-    log.info("rejected", extra={"route": ROUTE, "status": error.status, "reason": reason})
-    service.metrics.observe_rejection(ROUTE, reason)
 
 
 class Starter:

@@ -67,6 +67,21 @@ def too_long(prepared: Prepared | None, model: str) -> ContextTooLong | None:
     )
 
 
+def record_rejection(
+    logger: logging.Logger,
+    metrics: Metrics | None,
+    route: str,
+    status: int,
+    reason: str,
+    **extra: Any,
+) -> None:
+    """Log (on the front door's ``logger``) and count one 4xx a front door answered itself:
+    route and reason, never content."""
+    logger.info("rejected", extra={"route": route, "status": status, "reason": reason, **extra})
+    if metrics is not None:
+        metrics.observe_rejection(route, reason)
+
+
 @dataclass
 class Call:
     """One request between ``begin`` and ``finish``. ``prepared`` is None when the

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.core.errors import ProxyError, StoreError
+from proxy.engine.service import record_rejection
 from proxy.server.surfaces import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
@@ -50,14 +51,9 @@ def route_label(path: str, known: bool = True) -> str:
 
 def rejected(request: Request, status: int, reason: str, known: bool = True) -> None:
     """Log and count one 4xx the proxy answered itself (route and reason, never content)."""
-    route = route_label(request.url.path, known)
-    log.info(
-        "rejected",
-        extra={"route": route, "status": status, "reason": reason, "method": request.method},
-    )
     metrics = getattr(getattr(request.app.state, "res", None), "metrics", None)
-    if metrics is not None:
-        metrics.observe_rejection(route, reason)
+    route = route_label(request.url.path, known)
+    record_rejection(log, metrics, route, status, reason, method=request.method)
 
 
 async def proxy_error(request: Request, exc: Exception) -> Response:
