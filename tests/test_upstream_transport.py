@@ -11,18 +11,19 @@ import json
 import socket
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 
 from proxy.adapters.aiotransport import httpx_errors
 from proxy.adapters.reach import classify
 from tests.proxyproc import ProxyProcess, free_port
 from tests.rawupstream import tcp_server
+from tests.upstream import ScriptedUpstream
 
 TRANSPORTS = ("h1", "aiohttp", "httpx")
 WAIT_S = 60.0  # only ever reached when something is broken
@@ -66,18 +67,12 @@ class GatedUpstream:
         if not reader.readline():
             return
         length = 0
-        accepts = b""
         while (line := reader.readline()) not in (b"\r\n", b""):
             name, _, value = line.partition(b":")
             if name.strip().lower() == b"content-length":
                 length = int(value)
-            if name.strip().lower() == b"accept-encoding":
-                accepts = value.strip().lower()
         body = json.loads(reader.read(length))
         scenario = body["messages"][0]["content"]
-        if scenario == "gzip":
-            self._gzipped(sock, accepts)
-            return
         if scenario == "nohead":
             self.release.wait(WAIT_S)
             return
@@ -99,25 +94,6 @@ class GatedUpstream:
                 self.closed.set()
         else:  # stall
             self.release.wait(WAIT_S)
-
-    def _gzipped(self, sock: socket.socket, accepts: bytes) -> None:
-        """The stream compressed, as a provider may when the request accepts gzip: each
-        event flushed so it can be decoded on arrival."""
-        events = [_event("first"), _event("second"), b"data: [DONE]\n\n"]
-        if b"gzip" not in accepts:
-            head, parts = b"", events
-        else:
-            packer = zlib.compressobj(wbits=31)
-            head = b"content-encoding: gzip\r\n"
-            parts = [packer.compress(e) + packer.flush(zlib.Z_SYNC_FLUSH) for e in events]
-            parts[-1] += packer.flush()
-        sock.sendall(
-            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + head
-            + b"transfer-encoding: chunked\r\n\r\n"
-        )  # fmt: skip
-        for part in parts:
-            sock.sendall(_chunked(part))
-        sock.sendall(b"0\r\n\r\n")
 
 
 def _chunked(data: bytes) -> bytes:
@@ -186,16 +162,36 @@ def test_a_client_gone_closes_the_upstream_connection(
     assert "Traceback" not in proxy.log_path.read_text()
 
 
-def test_a_compressed_stream_reaches_the_client_as_events(proxy: ProxyProcess) -> None:
-    # The relay reads the events: whatever encoding the upstream chose, the client gets them
-    # decoded (and no Content-Encoding claiming otherwise).
-    url = f"{proxy.base_url}/chat/completions"
-    with httpx.stream("POST", url, json=_body("gzip"), timeout=WAIT_S) as r:
-        assert r.status_code == 200
-        assert "content-encoding" not in r.headers
-        lines = [line for line in r.iter_lines() if line.startswith("data: ")]
-    texts = [json.loads(line[6:])["choices"][0]["delta"]["content"] for line in lines[:-1]]
-    assert (texts, lines[-1]) == (["first", "second"], "data: [DONE]")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_compressed_answer_reaches_the_official_client_decoded(
+    tmp_path: Path, transport: str
+) -> None:
+    # The strict upstream gzips its answer (the client's default Accept-Encoding goes
+    # upstream, so a provider may): the relay reads it decoded, and the client gets it plain,
+    # streamed event by event or whole, with no Content-Encoding claiming otherwise.
+    with (
+        ScriptedUpstream() as up,
+        ProxyProcess(tmp_path, up.base_url, upstream={"transport": transport}) as px,
+    ):
+        client = openai.OpenAI(
+            base_url=px.base_url, api_key="sk-gzip", max_retries=0,
+            default_headers={"x-test-gzip": "1"},
+        )  # fmt: skip
+        messages = [{"role": "user", "content": "say something"}]
+        with client.chat.completions.with_streaming_response.create(
+            model="gpt-4o-mini", messages=messages, stream=True
+        ) as raw:
+            assert "content-encoding" not in raw.headers
+            text = "".join(
+                chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices
+            )
+        whole = client.chat.completions.with_raw_response.create(
+            model="gpt-4o-mini", messages=messages
+        )
+        assert "content-encoding" not in whole.headers
+        assert text and text == whole.parse().choices[0].message.content
+        asked = [r for r in up.chat_requests()]
+        assert len(asked) == 2 and all("gzip" in r.headers["accept-encoding"] for r in asked)
 
 
 def test_a_stalled_stream_ends_with_an_error_event(proxy: ProxyProcess) -> None:

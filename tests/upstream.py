@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import hashlib
 import random
 import re
@@ -20,6 +21,7 @@ import socket
 import struct
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -404,22 +406,32 @@ class ScriptedUpstream:
             )
             # x-test-close-delay: keep the connection open that long after [DONE].
             linger = _float(rec.headers.get("x-test-close-delay"))
-            return StreamingResponse(
-                _sse(chunks, delay, linger, self._sleep), media_type="text/event-stream"
+            events = _sse(chunks, delay, linger, self._sleep)
+            if _gzip_asked(rec):
+                return StreamingResponse(
+                    _gzip_stream(events),
+                    media_type="text/event-stream",
+                    headers={"content-encoding": "gzip"},
+                )
+            return StreamingResponse(events, media_type="text/event-stream")
+        answer = {
+            "id": self._next_id(),
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "system_fingerprint": "fp_scripted",
+            "choices": [
+                {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+            ],
+            "usage": usage,
+        }
+        if _gzip_asked(rec):
+            return Response(
+                gzip.compress(orjson.dumps(answer)),
+                media_type="application/json",
+                headers={"content-encoding": "gzip"},
             )
-        return JSONResponse(
-            {
-                "id": self._next_id(),
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "system_fingerprint": "fp_scripted",
-                "choices": [
-                    {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
-                ],
-                "usage": usage,
-            }
-        )
+        return JSONResponse(answer)
 
     async def _messages(self, request: Request, rec: Recorded) -> Response:
         """Anthropic's Messages API, scripted like the chat route (same reply rules)."""
@@ -878,6 +890,21 @@ async def _responses_sse(response: dict):
             yield event({"type": "response.output_item.added", "output_index": i, "item": item})
         yield event({"type": "response.output_item.done", "output_index": i, "item": item})
     yield event({"type": "response.completed", "response": response})
+
+
+def _gzip_asked(rec: Recorded) -> bool:
+    """``x-test-gzip: 1`` and a request that accepts gzip: the answer is compressed, as a
+    provider may compress it."""
+    accepted = rec.headers.get("accept-encoding", "")
+    return rec.headers.get("x-test-gzip") == "1" and "gzip" in accepted
+
+
+async def _gzip_stream(parts: Any) -> Any:
+    """``parts`` gzip-compressed, each flushed so it can be decoded as it arrives."""
+    packer = zlib.compressobj(wbits=31)
+    async for part in parts:
+        yield packer.compress(part) + packer.flush(zlib.Z_SYNC_FLUSH)
+    yield packer.flush()
 
 
 async def _sse(chunks: list[dict], delay: float, linger: float = 0.0, sleep=asyncio.sleep):
