@@ -94,53 +94,39 @@ def machine() -> dict[str, Any]:
 # ---- sections ---------------------------------------------------------------------------------
 
 
+def _module(name: str, args: list[str], work: Path, timeout: int = 1800) -> tuple[Any, str]:
+    """``python -m bench.<name> --json FILE <args>`` in its own process: its JSON and its
+    standard output."""
+    json_path = work / f"{name}.json"
+    command = [sys.executable, "-m", f"bench.{name}", "--json", str(json_path), *args]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"bench.{name} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return json.loads(json_path.read_text()), done.stdout
+
+
 def run_core(smoke: bool, work: Path) -> dict[str, Any]:
     """``python -m bench.core`` in its own process: its markdown and its JSON."""
-    json_path = work / "core.json"
-    command = [sys.executable, "-m", "bench.core", "--json", str(json_path)]
-    if smoke:
-        command.insert(3, "--smoke")
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench.core exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return {"markdown": done.stdout.strip(), **json.loads(json_path.read_text())}
+    result, out = _module("core", ["--smoke"] if smoke else [], work)
+    return {"markdown": out.strip(), **result}
 
 
 def run_stages(smoke: bool, work: Path) -> dict[str, Any]:
     """``python -m bench.stages`` in its own process (it runs the proxy's app in-process)."""
-    json_path = work / "stages.json"
-    command = [sys.executable, "-m", "bench.stages", "--json", str(json_path)]
-    if smoke:
-        command.append("--smoke")
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench.stages exited {done.returncode}:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(json_path.read_text())
+    result: dict[str, Any] = _module("stages", ["--smoke"] if smoke else [], work)[0]
     return result
 
 
 def run_servers(smoke: bool, litellm: bool, work: Path) -> dict[str, Any]:
     """``python -m bench.servers`` (forwarders and servers side by side, interleaved)."""
-    json_path = work / "servers.json"
-    command = [sys.executable, "-m", "bench.servers", "--json", str(json_path)]
-    command += ["--smoke"] if smoke else []
-    command += [] if litellm else ["--no-litellm"]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=3600)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench.servers exited {done.returncode}:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(json_path.read_text())
+    args = (["--smoke"] if smoke else []) + ([] if litellm else ["--no-litellm"])
+    result: dict[str, Any] = _module("servers", args, work, timeout=3600)[0]
     return result
 
 
 def run_rss(smoke: bool, work: Path) -> dict[str, Any]:
     """``python -m bench.rss`` (one worker's memory after 5,000 requests, or 200 in smoke)."""
-    json_path = work / "rss.json"
-    command = [sys.executable, "-m", "bench.rss", "--json", str(json_path)]
-    command += ["--requests", "200"] if smoke else []
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=1800)
-    if done.returncode != 0:
-        raise RuntimeError(f"bench.rss exited {done.returncode}:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(json_path.read_text())
+    result: dict[str, Any] = _module("rss", ["--requests", "200"] if smoke else [], work)[0]
     return result
 
 
