@@ -158,8 +158,15 @@ class Nginx:
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
+    @staticmethod
+    def binary() -> str | None:
+        """The installed nginx (Debian puts it in /usr/sbin, often not on PATH), or None."""
+        found = shutil.which("nginx")
+        return found or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
     def start(self) -> Nginx:
-        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        binary = self.binary()
+        assert binary is not None
         command = [binary, "-p", str(self.tmp), "-c", str(self.conf), "-g", "daemon off;"]
         log_path = self.tmp / "stderr.log"
         with open(log_path, "wb") as log:
@@ -217,7 +224,7 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
     upstream = FastUpstream(work / "upstream.log").start()
     profile = Profile("servers", HISTORIES[-1], (), CONCURRENCY, 0.3, duration, 100_000)
     variants: list[Variant] = []
-    variants_c: list[Nginx] = []
+    relays: list[Nginx] = []
     others: list[LiteLLMServer] = []
     slow: list[tuple[int, FastUpstream, Variant]] = []
     samples: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -233,11 +240,11 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
         variants = [Variant(n, s, t, work, upstream.base_url).start() for n, s, t in specs]
         names: list[tuple[str, int, int | None, str]] = [("direct", upstream.port, None, PLAIN_KEY)]
         names += [(v.name, v.port, v.proc.pid if v.proc else None, PLAIN_KEY) for v in variants]
-        if shutil.which("nginx") or Path("/usr/sbin/nginx").exists():
+        if Nginx.binary() is not None:
             try:
                 relay = Nginx(work, upstream.port).start()
                 assert relay.proc is not None
-                variants_c.append(relay)
+                relays.append(relay)
                 names.append((relay.name, relay.port, relay.proc.pid, PLAIN_KEY))
             except RuntimeError as exc:  # a broken nginx leaves its row out
                 print(f"nginx left out: {exc}", file=sys.stderr)
@@ -265,7 +272,7 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
                             samples.setdefault((name, stream, history, c), []).append(result)
         memory = {}
         for name, _port, pid, _key in names:
-            if pid is None or name.startswith("nginx"):
+            if pid is None or any(name == relay.name for relay in relays):
                 continue
             served = sum(
                 s["requests"] for (n, *_), runs in samples.items() if n == name for s in runs
@@ -293,7 +300,7 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
     finally:
         for v in variants:
             v.stop()
-        for relay in variants_c:
+        for relay in relays:
             relay.stop()
         for peer in others:
             peer.stop()
