@@ -16,6 +16,10 @@ Every variant runs at once as its own process in front of one fast upstream
   worker, kept-alive upstream connections, no buffering), when ``nginx`` is installed: no
   parsing of the body, no Python. It is the reference for what any proxy in front of this
   upstream, on these CPUs, can reach;
+- ``python relay (floor)`` and ``python relay (floor) + orjson``: ``bench.relay_floor``, the
+  least a Python proxy can do (uvloop, requests framed by httptools and written upstream as
+  sent, answers passed back unparsed), without and with parsing each body: the floor under
+  any Python proxy, and what reading the conversation costs on its own;
 - ``litellm (no callbacks)``: ``litellm --config`` to the same upstream, when its proxy
   server is installed (``--no-litellm`` leaves it out).
 
@@ -178,6 +182,35 @@ class Nginx:
         _stop(self.proc)
 
 
+class FloorRelay:
+    """``python -m bench.relay_floor`` in front of the upstream (``read_body``: it also parses
+    every body)."""
+
+    def __init__(self, work: Path, upstream_port: int, read_body: bool) -> None:
+        self.name = "python relay (floor)" + (" + orjson" if read_body else "")
+        self.read_body = read_body
+        self.log_path = work / f"floor-{int(read_body)}.log"
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> FloorRelay:
+        command = [sys.executable, "-m", "bench.relay_floor", "--upstream-port"]
+        command += [str(self.upstream_port)] + (["--read-body"] if self.read_body else [])
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode().split()
+        if len(line) != 2 or line[0] != "ready":
+            _stop(self.proc)
+            raise RuntimeError(f"{self.name} did not start:\n{self.log_path.read_text()}")
+        self.port = int(line[1])
+        return self
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
 def _summary(
     samples: dict[tuple[Any, ...], list[dict[str, Any]]], direct_of: Any
 ) -> list[dict[str, Any]]:
@@ -224,7 +257,7 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
     upstream = FastUpstream(work / "upstream.log").start()
     profile = Profile("servers", HISTORIES[-1], (), CONCURRENCY, 0.3, duration, 100_000)
     variants: list[Variant] = []
-    relays: list[Nginx] = []
+    relays: list[Nginx | FloorRelay] = []
     others: list[LiteLLMServer] = []
     slow: list[tuple[int, FastUpstream, Variant]] = []
     samples: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -242,12 +275,17 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
         names += [(v.name, v.port, v.proc.pid if v.proc else None, PLAIN_KEY) for v in variants]
         if Nginx.binary() is not None:
             try:
-                relay = Nginx(work, upstream.port).start()
-                assert relay.proc is not None
-                relays.append(relay)
-                names.append((relay.name, relay.port, relay.proc.pid, PLAIN_KEY))
+                nginx = Nginx(work, upstream.port).start()
+                assert nginx.proc is not None
+                relays.append(nginx)
+                names.append((nginx.name, nginx.port, nginx.proc.pid, PLAIN_KEY))
             except RuntimeError as exc:  # a broken nginx leaves its row out
                 print(f"nginx left out: {exc}", file=sys.stderr)
+        for read_body in (False, True):
+            floor = FloorRelay(work, upstream.port, read_body).start()
+            assert floor.proc is not None
+            relays.append(floor)
+            names.append((floor.name, floor.port, floor.proc.pid, PLAIN_KEY))
         if litellm:
             try:
                 peer = LiteLLMServer(work / "litellm", upstream.base_url, hook=False).start()
