@@ -11,7 +11,9 @@ measuring stops after ``--duration`` seconds or ``--max-requests`` measured requ
 whichever comes first, but never before ``--min-requests`` measured requests have started:
 on a busy machine a short window could otherwise measure nothing and report no figure.
 Prints one JSON object: request count, errors, status counts, latency percentiles (ms),
-requests per second and the generator's own CPU seconds.
+requests per second, and CPU seconds over the measured window (from the end of the warm-up
+to the last response): the generator's own and, for each ``--watch-pid``, that process's
+(from ``/proc``, Linux only), so a table can say which process was the limit.
 
 It speaks raw HTTP/1.1 through ``httptools`` (uvloop when installed) rather than httpx: on a
 2-core machine the generator shares the CPUs with the server under test, and an httpx client
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -133,6 +136,42 @@ async def worker(host: str, port: int, request: bytes, run: Run) -> None:
             conn.close()
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds ``pid`` has used so far (None when it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds of this process and the watched ones between ``start`` and ``stop``."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.began = 0.0
+        self.marks: dict[str, float | None] = {}
+
+    def _now(self) -> dict[str, float | None]:
+        now: dict[str, float | None] = {"self": time.process_time()}
+        now.update({str(pid): process_cpu_s(pid) for pid in self.pids})
+        return now
+
+    def start(self) -> None:
+        self.began, self.marks = time.perf_counter(), self._now()
+
+    def stop(self) -> tuple[float, dict[str, float | None]]:
+        window = time.perf_counter() - self.began
+        end = self._now()
+        used = {}
+        for key, first in self.marks.items():
+            last = end.get(key)
+            used[key] = None if first is None or last is None else last - first
+        return window, used
+
+
 def percentile(sorted_values: list[float], q: float) -> float:
     """Nearest-rank percentile of an already sorted list."""
     if not sorted_values:
@@ -151,11 +190,16 @@ async def drive(args: argparse.Namespace) -> dict[str, object]:
         max_requests=args.max_requests,
         min_requests=max(0, min(args.min_requests, args.max_requests)),
     )
-    cpu0 = time.process_time()
+    meter = CpuMeter(args.watch_pid)
+    loop = asyncio.get_running_loop()
+    start_meter = loop.call_later(max(run.measure_from - time.perf_counter(), 0), meter.start)
     await asyncio.gather(
         *(worker(args.host, args.port, request, run) for _ in range(args.concurrency))
     )
-    cpu = time.process_time() - cpu0
+    start_meter.cancel()
+    if not meter.marks:  # every request ended before the warm-up did
+        meter.start()
+    cpu_window, used = meter.stop()
     lat = sorted(run.latencies)
     window = max(run.last_end - run.measure_from, 1e-9)
     ok = sum(n for status, n in run.statuses.items() if 200 <= status < 300)
@@ -171,7 +215,9 @@ async def drive(args: argparse.Namespace) -> dict[str, object]:
         "mean_ms": (sum(lat) / len(lat) * 1000) if lat else float("nan"),
         "rps": len(lat) / window,
         "window_s": window,
-        "client_cpu_s": cpu,
+        "cpu_window_s": cpu_window,
+        "client_cpu_s": used.pop("self"),
+        "watched_cpu_s": used,
     }
 
 
@@ -192,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-requests", type=int, default=10_000)
     parser.add_argument(
         "--min-requests", type=int, default=1, help="measured requests at least, however long"
+    )
+    parser.add_argument(
+        "--watch-pid", type=int, action="append", default=[], help="report this PID's CPU too"
     )
     args = parser.parse_args(argv)
     try:

@@ -336,8 +336,14 @@ def check(port: int, body: bytes, key: str, expect_case: str | None) -> dict[str
 
 
 def load(
-    port: int, body_file: Path, key: str, concurrency: int, profile: Profile
+    port: int,
+    body_file: Path,
+    key: str,
+    concurrency: int,
+    profile: Profile,
+    watch: tuple[int, ...] = (),
 ) -> dict[str, Any]:
+    """One load generator run; ``watch``: PIDs whose CPU over the window it reports too."""
     command = [
         sys.executable, "-m", "bench.loadgen", "--port", str(port),
         "--body-file", str(body_file), "--header", f"authorization: Bearer {key}",
@@ -346,6 +352,7 @@ def load(
         # Every cell gets figures, however busy the machine: at least a few requests a worker.
         "--min-requests", str(concurrency * 3),
     ]  # fmt: skip
+    command += [arg for pid in watch for arg in ("--watch-pid", str(pid))]
     limit = profile.warmup_s + profile.duration_s + 120
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=limit)
     if done.returncode != 0:

@@ -29,8 +29,9 @@ every variant once per cell (2 and 50 messages, concurrency 1 and 32, streaming 
 a rotating order;
 the figures are the medians over rounds of each cell's p50, p99 and req/s, and the ratios to
 direct are per round, then the median. After the rounds, each proxy's resident memory
-(VmRSS, and its peak VmHWM) and how many requests it served. The load generator's own CPU
-share per cell says whether it, rather than the server, was the limit.
+(VmRSS, and its peak VmHWM) and how many requests it served. Each cell also gives the CPU
+share (of one CPU, over its measured window) of the load generator, the server under test and
+the upstream: a process near 100 % is the limit of that row, whichever it is.
 
 Then the same comparison with an upstream that takes as long as a provider to answer
 (``--delay-ms``, each of ``LATENCIES_MS``; still far quicker than any LLM API): direct against
@@ -211,6 +212,11 @@ class FloorRelay:
         _stop(self.proc)
 
 
+def _median_or_none(values: Any) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def _summary(
     samples: dict[tuple[Any, ...], list[dict[str, Any]]], direct_of: Any
 ) -> list[dict[str, Any]]:
@@ -223,9 +229,10 @@ def _summary(
             "p99_ms": statistics.median(s["p99_ms"] for s in runs),
             "rps": statistics.median(s["rps"] for s in runs),
             "errors": sum(s["errors"] for s in runs),
-            "client_cpu_share": statistics.median(
-                s["client_cpu_s"] / max(s["window_s"], 1e-9) for s in runs
-            ),
+            **{
+                share: _median_or_none(s[share] for s in runs)
+                for share in ("client_cpu_share", "server_cpu_share", "upstream_cpu_share")
+            },
             "added_p50_ms": statistics.median(
                 s["p50_ms"] - d["p50_ms"] for s, d in zip(runs, direct, strict=True)
             ),
@@ -240,10 +247,42 @@ def _summary(
     return rows
 
 
-def _cell(name: str, port: int, pid: int | None, key: str, body: Path, c: int, p: Profile) -> Any:
+def _descendants(pid: int) -> list[int]:
+    """The processes under ``pid`` (granian's and nginx's workers are children of the one
+    started), from ``/proc``; empty where there is none."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+            except (OSError, IndexError, ValueError):
+                continue
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found
+
+
+def _cell(
+    name: str, port: int, pid: int | None, key: str, body: Path, c: int, p: Profile, upstream: int
+) -> Any:
+    """One load run against ``port``, with the CPU shares of the load generator, the server
+    (``pid``; none for direct) and the upstream (``upstream``) over its measured window."""
+    tree = (pid, *_descendants(pid)) if pid is not None else ()
     if pid is not None:
         settle(pid, 10)
-    result = load(port, body, key, c, p)
+    result = load(port, body, key, c, p, watch=(*tree, upstream))
+    window, used = max(result["cpu_window_s"], 1e-9), result["watched_cpu_s"]
+    parts = [used.get(str(one)) for one in tree]
+    server = None if not parts or None in parts else sum(x for x in parts if x is not None)
+    up = used.get(str(upstream))
+    result["client_cpu_share"] = result["client_cpu_s"] / window
+    result["server_cpu_share"] = server / window if server is not None else None
+    result["upstream_cpu_share"] = up / window if up is not None else None
     print(
         f"{name:22} {body.name} c={c:<3} p50={result['p50_ms']:.2f} "
         f"p99={result['p99_ms']:.2f} {result['rps']:.0f} req/s errors={result['errors']}",
@@ -294,6 +333,8 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
                 names.append(("litellm (no callbacks)", peer.port, peer.proc.pid, peer.master_key))
             except RuntimeError as exc:  # a missing or broken litellm[proxy] leaves its row out
                 print(f"litellm left out: {exc}", file=sys.stderr)
+        assert upstream.proc is not None
+        up_pid = upstream.proc.pid
         bodies = {}
         for history in HISTORIES:
             for stream in (False, True):
@@ -306,7 +347,7 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
                     for c in CONCURRENCY:
                         for name, port, pid, key in order:
                             body = bodies[history, stream]
-                            result = _cell(name, port, pid, key, body, c, profile)
+                            result = _cell(name, port, pid, key, body, c, profile, up_pid)
                             samples.setdefault((name, stream, history, c), []).append(result)
         memory = {}
         for name, _port, pid, _key in names:
@@ -333,7 +374,8 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
                     pair = [("direct", up.port, None), (DEFAULT, v.port, pid)][:: 1 - 2 * (r % 2)]
                     for name, port, pid_ in pair:
                         body = bodies[history, stream]
-                        result = _cell(f"{name} {ms} ms", port, pid_, PLAIN_KEY, body, 32, profile)
+                        label, up_pid = f"{name} {ms} ms", up.proc.pid if up.proc else 0
+                        result = _cell(label, port, pid_, PLAIN_KEY, body, 32, profile, up_pid)
                         late.setdefault((name, stream, ms), []).append(result)
     finally:
         for v in variants:
@@ -380,16 +422,21 @@ def _line(r: dict[str, Any], first: str) -> str:
     return (
         f"| {r['variant']}{errors} | {first} | {'yes' if r['stream'] else 'no'} | "
         f"{r['concurrency']} | {r['p50_ms']:.2f} | {added} | {r['p99_ms']:.2f} | {p99x} | "
-        f"{r['rps']:,.0f} | {rpsx} | {r['client_cpu_share']:.0%} |"
+        f"{r['rps']:,.0f} | {rpsx} | {_share(r['client_cpu_share'])} | "
+        f"{'—' if direct else _share(r['server_cpu_share'])} | {_share(r['upstream_cpu_share'])} |"
     )
+
+
+def _share(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0%}"
 
 
 def markdown(results: dict[str, Any]) -> str:
     head = (
         " | stream | concurrency | p50 ms | added p50 ms | p99 ms | p99 ÷ direct | req/s "
-        "| req/s ÷ direct | load generator CPU |"
+        "| req/s ÷ direct | load generator CPU | server CPU | upstream CPU |"
     )
-    out = ["| server + forwarder | history (msgs)" + head, "|---|---:|---|" + "---:|" * 8]
+    out = ["| server + forwarder | history (msgs)" + head, "|---|---:|---|" + "---:|" * 10]
     rows = sorted(results["rows"], key=lambda r: (r["stream"], r["history"], r["concurrency"]))
     out += [_line(r, str(r["history"])) for r in rows]
     out += ["", "| server + forwarder | measured requests served | VmRSS MiB after | peak MiB |"]
@@ -404,7 +451,7 @@ def markdown(results: dict[str, Any]) -> str:
         out += ["", "With an upstream that waits before answering (50 messages):", ""]
         out += [
             "| server + forwarder | upstream answers after" + head,
-            "|---|---:|---|" + "---:|" * 8,
+            "|---|---:|---|" + "---:|" * 10,
         ]
         late = sorted(late, key=lambda r: (r["stream"], r["delay_ms"], r["variant"] != "direct"))
         out += [_line(r, f"{r['delay_ms']} ms") for r in late]

@@ -190,3 +190,51 @@ def test_the_fast_upstream_answers_every_summarizer_step_with_an_accepted_summar
         except SummaryRejected as exc:  # pragma: no cover - the failure this test is for
             raise AssertionError(f"step {asked} refused: {exc}") from exc
     assert asked > 2 and summary.startswith("The conversation so far covered")
+
+
+def test_servers_table_gives_each_process_cpu(smoke: tuple[Path, str]) -> None:
+    """Section 6 says which process was the limit of each row: the proxy's own CPU (its
+    workers included) and the upstream's, beside the load generator's."""
+    _, report = smoke
+    rows = [row for row in table_rows(section(report, "6. Servers and forwarders side by side"))]
+    proxy = [row for row in rows if row[0] == "uvicorn + h1" and len(row) == 13]
+    direct = [row for row in rows if row[0] == "direct" and len(row) == 13]
+    assert proxy and direct
+    for row in proxy:
+        assert all(cell.endswith("%") for cell in row[10:13]), row
+        assert int(row[11].rstrip("%")) > 0, row  # it served requests: it used CPU
+    for row in direct:
+        assert row[11] == "—" and row[12].endswith("%"), row
+
+
+def test_the_load_generator_reports_watched_processes_cpu_over_its_window(
+    tmp_path: Path,
+) -> None:
+    """``--watch-pid``: a process spinning meanwhile used CPU, one asleep used none."""
+    from bench.overhead import FastUpstream, Profile, load, request_body
+
+    body = tmp_path / "body.json"
+    body.write_bytes(request_body(2, stream=False))
+    upstream = FastUpstream(tmp_path / "upstream.log").start()
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    # Asleep before the load starts: its own start-up CPU must fall outside the window.
+    asleep = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert asleep.stdout is not None and asleep.stdout.readline() == b"ready\n"
+        assert upstream.proc is not None
+        pids = (spin.pid, asleep.pid, upstream.proc.pid)
+        result = load(upstream.port, body, "k", 1, Profile("t", 2, (), (1,), 0.3, 0.5, 10**6), pids)
+    finally:
+        for proc in (spin, asleep):
+            proc.kill()
+            proc.wait()
+        upstream.stop()
+    used = result["watched_cpu_s"]
+    assert result["requests"] > 0 and result["cpu_window_s"] > 0
+    assert used[str(spin.pid)] > 0
+    assert used[str(asleep.pid)] == 0
+    assert used[str(upstream.proc.pid)] > 0  # it answered every request of the window
+    assert result["client_cpu_s"] > 0
