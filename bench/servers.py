@@ -10,6 +10,8 @@ Every variant runs at once as its own process in front of one fast upstream
   (``upstream.transport: h1``, ``proxy.adapters.h1``);
 - ``uvicorn + aiohttp``, ``uvicorn + httpx``: the same with ``upstream.transport: aiohttp``
   or ``httpx``;
+- ``uvicorn + h1, Redis store``: the default with ``store.url`` a private ``redis-server``
+  (what replicas share), when ``redis-server`` is installed;
 - ``granian + h1``: the same app (``proxy.cli:app_factory``) under granian's ASGI
   server (uvloop), when granian is installed;
 - ``nginx (C, relays only)``: nginx as a plain reverse proxy to the same upstream (one
@@ -47,10 +49,12 @@ import importlib.util
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +85,23 @@ LATENCIES_MS = (10, 50, 200)  # the upstream's time to answer in the second comp
 class Variant:
     """One server process in front of the upstream (or none: ``direct``)."""
 
-    def __init__(self, name: str, server: str, transport: str, work: Path, upstream: str):
+    def __init__(
+        self,
+        name: str,
+        server: str,
+        transport: str,
+        work: Path,
+        upstream: str,
+        store: str | None = None,
+    ):
         self.name, self.server, self.transport = name, server, transport
         self.port = free_port()
-        self.tmp = work / name.replace(" ", "").replace("+", "-")
+        self.tmp = work / "".join(c for c in name if c.isalnum() or c in "-.")
         self.tmp.mkdir(parents=True, exist_ok=True)
         config = {
             "listen": {"host": "127.0.0.1", "port": self.port},
             "upstream": {"base_url": upstream, "timeout_s": 30, "transport": transport},
-            "store": {"url": f"diskcache://{self.tmp / 'store'}"},
+            "store": {"url": store or f"diskcache://{self.tmp / 'store'}"},
             "compaction": MEASURE_COMPACTION,
         }
         self.config_path = self.tmp / "proxy.yaml"
@@ -178,6 +190,43 @@ class Nginx:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         _wait_http(f"http://127.0.0.1:{self.port}/v1/models", self.proc, self.name, log_path, 30)
         return self
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
+class RedisServer:
+    """A private ``redis-server`` (no persistence) for the Redis-store row."""
+
+    def __init__(self, work: Path) -> None:
+        self.port = free_port()
+        self.dir = work / "redis"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        assert binary is not None
+        command = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        command += ["--appendonly", "no", "--dir", str(self.dir)]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
+                    conn.sendall(b"PING\r\n")
+                    if conn.recv(16).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                _stop(self.proc)
+                raise RuntimeError("redis-server did not start")
+            time.sleep(0.1)
 
     def stop(self) -> None:
         _stop(self.proc)
@@ -298,6 +347,7 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
     variants: list[Variant] = []
     relays: list[Nginx | FloorRelay] = []
     others: list[LiteLLMServer] = []
+    servers: list[RedisServer] = []
     slow: list[tuple[int, FastUpstream, Variant]] = []
     samples: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
     late: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -310,6 +360,12 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
         if importlib.util.find_spec("granian"):
             specs.append(("granian + h1", "granian", "h1"))
         variants = [Variant(n, s, t, work, upstream.base_url).start() for n, s, t in specs]
+        if shutil.which("redis-server"):  # the replicas' store, where it is installed
+            redis = RedisServer(work).start()
+            servers.append(redis)
+            name = f"{DEFAULT}, Redis store"
+            variants.append(Variant(name, "uvicorn", "h1", work, upstream.base_url, redis.url))
+            variants[-1].start()
         names: list[tuple[str, int, int | None, str]] = [("direct", upstream.port, None, PLAIN_KEY)]
         names += [(v.name, v.port, v.proc.pid if v.proc else None, PLAIN_KEY) for v in variants]
         if Nginx.binary() is not None:
@@ -384,6 +440,8 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
             relay.stop()
         for peer in others:
             peer.stop()
+        for redis in servers:
+            redis.stop()
         for _, up, v in slow:
             v.stop()
             up.stop()

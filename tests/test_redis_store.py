@@ -13,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 
-from proxy.adapters.store import DiskStore, RedisStore, get_list, open_store
+from proxy.adapters.store import DiskStore, RedisStore, get_list, open_store, read_many
 from proxy.core.errors import StoreError
 from tests.checks import INLINE, assert_forwarded_faithful, summary_index
 from tests.conversations import drive_conversation
@@ -105,6 +105,82 @@ def test_sorted_sets_read_the_same_from_redis_and_disk(redis_url: str, tmp_path:
         [("a", 2.0), ("b", 2.0)],
         [],
     )
+    for store in stores:
+        store.close()
+
+
+def test_zadd_many_writes_as_one_zadd_per_key_in_one_round_trip(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's index update (``index.add``) touches a dozen sorted sets per flush."""
+    stores = [open_store(redis_url), DiskStore(tmp_path / "disk")]
+    for store in stores:
+        for key in ("zm:a", "zm:b", "zm:c"):
+            store.delete(key)
+        store.zadd("zm:a", {"old": 1.0, "kept": 5.0})
+        if isinstance(store, RedisStore):
+
+            def no_single_commands(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError(f"a round trip of its own: {args[:1]}")
+
+            monkeypatch.setattr(store._redis, "execute_command", no_single_commands)
+        store.zadd_many({"zm:a": {"old": 3.0, "new": 2.0}, "zm:b": {"x": 1.5}, "zm:c": {}})
+        store.zadd_many({})
+        monkeypatch.undo()
+    reads = [[s.zrange(k) for k in ("zm:a", "zm:b", "zm:c")] for s in stores]
+    assert (
+        reads[0]
+        == reads[1]
+        == [
+            [("new", 2.0), ("old", 3.0), ("kept", 5.0)],
+            [("x", 1.5)],
+            [],
+        ]
+    )
+    for store in stores:
+        store.close()
+
+
+def test_read_many_reads_as_single_reads_do_in_one_round_trip(
+    redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's lookup (``compactor.read_store``) reads several values and lists at once:
+    the same answers from both backends as ``get``/``get_list`` give, a corrupt value a miss,
+    and with Redis one pipelined round trip rather than one per key."""
+    stores = [open_store(redis_url), DiskStore(tmp_path / "disk")]
+    answers = []
+    for store in stores:
+        for key in ("rm:v", "rm:gone", "rm:ck", "rm:none"):
+            store.delete(key)
+        store.delete("rm:ck:list")
+        store.set("rm:v", {"x": [1, 2]})
+        store.extend("rm:ck", [{"k": 1}, {"k": 2}])
+        singles = {k: store.get(k) for k in ("rm:v", "rm:gone")}
+        singles |= {k: get_list(store, k) for k in ("rm:ck", "rm:none")}
+        if isinstance(store, RedisStore):
+            store._redis.set("rm:bad", b"\xff not json")
+
+            def no_single_commands(*args: Any, **kwargs: Any) -> Any:
+                raise AssertionError(f"a round trip of its own: {args[:1]}")
+
+            monkeypatch.setattr(store._redis, "execute_command", no_single_commands)
+        else:
+            store._cache.set("rm:bad", b"\xff not json")
+        got = read_many(store, ["rm:v", "rm:gone", "rm:bad"], ["rm:ck", "rm:none"])
+        assert got == singles | {"rm:bad": None}
+        answers.append(got)
+    assert (
+        answers[0]
+        == answers[1]
+        == {
+            "rm:v": {"x": [1, 2]},
+            "rm:gone": None,
+            "rm:bad": None,
+            "rm:ck": [{"k": 1}, {"k": 2}],
+            "rm:none": [],
+        }
+    )
+    monkeypatch.undo()
     for store in stores:
         store.close()
 

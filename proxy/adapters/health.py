@@ -40,7 +40,7 @@ class UnavailableStore:
         raise StoreError(f"store unavailable: {self.reason}")
 
     get = set = add = delete = incr = append = extend = update = _fail
-    zadd = zrem = zrange = zcard = _fail
+    zadd = zadd_many = zrem = zrange = zcard = _fail
 
     def keys(self, prefix: str) -> Iterator[str]:
         self._fail()

@@ -42,11 +42,19 @@ class SortedSets:
         return con
 
     def add(self, key: str, scores: Mapping[str, float]) -> None:
+        self.add_many({key: scores})
+
+    def add_many(self, sets: Mapping[str, Mapping[str, float]]) -> None:
+        """Every key's members in one transaction."""
         with self._con() as con:
             con.executemany(
                 "INSERT INTO zset (key, member, score) VALUES (?, ?, ?) "
                 "ON CONFLICT (key, member) DO UPDATE SET score = excluded.score",
-                [(key, member, float(score)) for member, score in scores.items()],
+                [
+                    (key, m, float(score))
+                    for key, scores in sets.items()
+                    for m, score in scores.items()
+                ],
             )
 
     def remove(self, key: str, members: Sequence[str]) -> None:

@@ -11,6 +11,8 @@ Behaviour every backend guarantees:
 - ``incr`` is an atomic add of a number; ``append`` an atomic list append that keeps the
   newest ``max_items``.
 - ``zadd``/``zrem``/``zrange``/``zcard``: sorted sets (member -> score), each call atomic;
+  ``zadd_many`` is a ``zadd`` per key in one go (one transaction on disk, one round trip to
+  Redis; atomic per key only);
   ``zrange`` reads one page in score order (ties in member order). They never expire: their
   writer removes old members (the operators' indexes, ``proxy.operators.index``).
 - A full disk or a lost connection raises ``StoreError``; callers fail open on it.
@@ -53,6 +55,7 @@ class Store(Protocol):
     def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any: ...
     def keys(self, prefix: str) -> Iterator[str]: ...
     def zadd(self, key: str, scores: Mapping[str, float]) -> None: ...
+    def zadd_many(self, sets: Mapping[str, Mapping[str, float]]) -> None: ...
     def zrem(self, key: str, members: Sequence[str]) -> None: ...
     def zrange(
         self,
@@ -178,6 +181,10 @@ class DiskStore:
         if scores:
             self._guard(self._sets.add, key, scores)
 
+    def zadd_many(self, sets: Mapping[str, Mapping[str, float]]) -> None:
+        if any(sets.values()):
+            self._guard(self._sets.add_many, sets)
+
     def zrem(self, key: str, members: Sequence[str]) -> None:
         if members:
             self._guard(self._sets.remove, key, members)
@@ -281,7 +288,20 @@ class RedisStore:
 
     def get_list(self, key: str) -> list[Any]:
         raw = self._guard(self._redis.lrange, key + ":list", 0, -1)
-        return [v for v in (_load(r) for r in raw) if v is not None]
+        return _items(raw)
+
+    def read_many(self, values: Sequence[str], lists: Sequence[str]) -> dict[str, Any]:
+        """``read_many`` in one round trip: a request's lookup is several keys, and each
+        round trip of its own cost ~0.1 ms in redis-py (5 keys: 0.59 ms, pipelined 0.13)."""
+        pipe = self._redis.pipeline(transaction=False)
+        for key in values:
+            pipe.get(key)
+        for key in lists:
+            pipe.lrange(key + ":list", 0, -1)
+        raw = self._guard(pipe.execute)
+        got = {key: _load(r) for key, r in zip(values, raw, strict=False)}
+        got.update({key: _items(r) for key, r in zip(lists, raw[len(values) :], strict=True)})
+        return got
 
     def keys(self, prefix: str) -> Iterator[str]:
         for key in self._guard(list, self._redis.scan_iter(match=prefix + "*", count=500)):
@@ -291,6 +311,15 @@ class RedisStore:
     def zadd(self, key: str, scores: Mapping[str, float]) -> None:
         if scores:
             self._guard(self._redis.zadd, key, dict(scores))
+
+    def zadd_many(self, sets: Mapping[str, Mapping[str, float]]) -> None:
+        # The ledger indexes each flush under a dozen keys: one round trip, not a dozen.
+        pipe = self._redis.pipeline(transaction=False)
+        for key, scores in sets.items():
+            if scores:
+                pipe.zadd(key, dict(scores))
+        if len(pipe):
+            self._guard(pipe.execute)
 
     def zrem(self, key: str, members: Sequence[str]) -> None:
         if members:
@@ -318,6 +347,20 @@ class RedisStore:
 
     def close(self) -> None:
         self._redis.close()
+
+
+def _items(raw: Sequence[Any]) -> list[Any]:
+    return [v for v in (_load(r) for r in raw) if v is not None]
+
+
+def read_many(store: Store, values: Sequence[str], lists: Sequence[str]) -> dict[str, Any]:
+    """Each of ``values`` (None when absent) and each of ``lists`` (``get_list``: empty when
+    absent), by key; with Redis in one round trip."""
+    if isinstance(store, RedisStore):
+        return store.read_many(values, lists)
+    got = {key: store.get(key) for key in values}
+    got.update({key: get_list(store, key) for key in lists})
+    return got
 
 
 def get_list(store: Store, key: str) -> list[Any]:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from proxy.adapters.llm import LLM
-from proxy.adapters.store import Store, get_list
+from proxy.adapters.store import Store, read_many
 from proxy.adapters.writer import BatchWriter
 from proxy.core import flow_compact, flow_prepare
 from proxy.core.commands import (
@@ -338,12 +338,12 @@ def read_store(
     store: Store, command: Read, held: Mapping[str, tuple[Any, float]] | None = None
 ) -> dict[str, Any]:
     """``command``'s answer from ``store``: each value (None when absent) and each list (empty
-    when absent). ``held``: values this worker queued but may not have written yet, with
-    when; they answer for their keys."""
-    got: dict[str, Any] = {}
-    for key in command.values:
-        queued = held.get(key) if held is not None else None
-        got[key] = queued[0] if queued is not None else store.get(key)
-    for key in command.lists:
-        got[key] = get_list(store, key)
+    when absent), in one round trip for Redis. ``held``: values this worker queued but may
+    not have written yet, with when; they answer for their keys."""
+    # One ``get`` per key: with Redis this runs in a thread while the event loop may drop
+    # entries from ``held``.
+    queued = {key: held.get(key) for key in command.values} if held else {}
+    unread = [key for key in command.values if queued.get(key) is None]
+    got = read_many(store, unread, command.lists)
+    got.update({key: entry[0] for key, entry in queued.items() if entry is not None})
     return got

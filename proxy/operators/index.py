@@ -87,7 +87,7 @@ class Seen:
 
 
 def add(store: Store, seen: Iterable[Seen]) -> None:
-    """Index conversations just written: one ``zadd`` per index touched."""
+    """Index conversations just written: every index touched in one ``zadd_many``."""
     scores: dict[str, dict[str, float]] = {}
 
     def put(key: str, name: str, score: float) -> None:
@@ -104,8 +104,7 @@ def add(store: Store, seen: Iterable[Seen]) -> None:
             scores.setdefault(by_sort(column), {})[name] = value  # the newest row's figure
         if s.previous_model is not None and s.previous_model != s.model:
             store.zrem(by_model(s.previous_model), [name])
-    for key, values in scores.items():
-        store.zadd(key, values)
+    store.zadd_many(scores)
 
 
 def remove(store: Store, tenant: str, conversation: str, model: str) -> None:
