@@ -10,6 +10,8 @@ Every variant runs at once as its own process in front of one fast upstream
   (``upstream.transport: h1``, ``proxy.adapters.h1``);
 - ``uvicorn + aiohttp``, ``uvicorn + httpx``: the same with ``upstream.transport: aiohttp``
   or ``httpx``;
+- ``uvicorn + h1, 2 workers``: the default with ``--workers 2`` (the machine's second CPU,
+  which the load generator and the upstream use too);
 - ``uvicorn + h1, Redis store``: the default with ``store.url`` a private ``redis-server``
   (what replicas share), when ``redis-server`` is installed;
 - ``granian + h1``: the same app (``proxy.cli:app_factory``) under granian's ASGI
@@ -93,8 +95,10 @@ class Variant:
         work: Path,
         upstream: str,
         store: str | None = None,
+        workers: int = 1,
     ):
         self.name, self.server, self.transport = name, server, transport
+        self.workers = workers
         self.port = free_port()
         self.tmp = work / "".join(c for c in name if c.isalnum() or c in "-.")
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -115,6 +119,7 @@ class Variant:
         env.pop("COMPACTION_PROXY_OVERRIDES", None)
         if self.server == "uvicorn":
             command = [cli_path(), "serve", "--config", str(self.config_path)]
+            command += ["--workers", str(self.workers)]
         else:
             granian = Path(sys.executable).parent / "granian"
             command = [
@@ -322,8 +327,8 @@ def _cell(
     """One load run against ``port``, with the CPU shares of the load generator, the server
     (``pid``; none for direct) and the upstream (``upstream``) over its measured window."""
     tree = (pid, *_descendants(pid)) if pid is not None else ()
-    if pid is not None:
-        settle(pid, 10)
+    for one in tree:
+        settle(one, 10)
     result = load(port, body, key, c, p, watch=(*tree, upstream))
     window, used = max(result["cpu_window_s"], 1e-9), result["watched_cpu_s"]
     parts = [used.get(str(one)) for one in tree]
@@ -360,6 +365,8 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
         if importlib.util.find_spec("granian"):
             specs.append(("granian + h1", "granian", "h1"))
         variants = [Variant(n, s, t, work, upstream.base_url).start() for n, s, t in specs]
+        two = Variant(f"{DEFAULT}, 2 workers", "uvicorn", "h1", work, upstream.base_url, workers=2)
+        variants.append(two.start())
         if shutil.which("redis-server"):  # the replicas' store, where it is installed
             redis = RedisServer(work).start()
             servers.append(redis)
@@ -407,8 +414,8 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
                             samples.setdefault((name, stream, history, c), []).append(result)
         memory = {}
         for name, _port, pid, _key in names:
-            if pid is None or any(name == relay.name for relay in relays):
-                continue
+            if pid is None or any(name == relay.name for relay in relays) or name == two.name:
+                continue  # relays, and the master of two workers, are not a worker
             served = sum(
                 s["requests"] for (n, *_), runs in samples.items() if n == name for s in runs
             )
