@@ -1,8 +1,8 @@
 """Run every benchmark and write the report.
 
-    python -m bench.run            # full (about 15 minutes on 2 cores): docs/benchmarks.md
+    python -m bench.run            # full (about 35 minutes on 2 cores): docs/benchmarks.md
                                    # and docs/savings.png
-    python -m bench.run --smoke    # tiny sizes, about a minute: a temporary folder (or --out)
+    python -m bench.run --smoke    # tiny sizes, a few minutes: a temporary folder (or --out)
 
 Sections: 1. overhead (``bench.overhead``), 2. core cost (``python -m bench.core``),
 3. savings (``bench.savings``, with the chart), 4. compaction policies (``bench.policies``),
