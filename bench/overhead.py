@@ -122,6 +122,23 @@ def _stop(proc: subprocess.Popen[bytes] | None) -> None:
             proc.wait(5)
 
 
+def start_ready(
+    module: list[str], log_path: Path, what: str
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``python -m <module...>`` (a bench server that prints ``ready <port>`` once it listens,
+    its stderr to ``log_path``): the process and its port."""
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", *module], stdout=subprocess.PIPE, stderr=log, cwd=ROOT
+        )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode().split()
+    if len(line) != 2 or line[0] != "ready":
+        _stop(proc)
+        raise RuntimeError(f"{what} did not start:\n{_tail(log_path)}")
+    return proc, int(line[1])
+
+
 class FastUpstream:
     """``python -m bench.upstream_fast`` on a free port of 127.0.0.1."""
 
@@ -136,27 +153,8 @@ class FastUpstream:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def start(self) -> FastUpstream:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "bench.upstream_fast",
-                    "--port",
-                    "0",
-                    "--delay-ms",
-                    str(self.delay_ms),
-                ],  # fmt: skip
-                stdout=subprocess.PIPE,
-                stderr=log,
-                cwd=ROOT,
-            )
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode().split()
-        if len(line) != 2 or line[0] != "ready":
-            _stop(self.proc)
-            raise RuntimeError(f"fast upstream did not start:\n{_tail(self.log_path)}")
-        self.port = int(line[1])
+        module = ["bench.upstream_fast", "--port", "0", "--delay-ms", str(self.delay_ms)]
+        self.proc, self.port = start_ready(module, self.log_path, "fast upstream")
         return self
 
     def stop(self) -> None:

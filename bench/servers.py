@@ -73,6 +73,7 @@ from bench.overhead import (
     load,
     request_body,
     settle,
+    start_ready,
     status_mb,
 )
 from tests.proxyproc import cli_path, free_port
@@ -250,16 +251,9 @@ class FloorRelay:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> FloorRelay:
-        command = [sys.executable, "-m", "bench.relay_floor", "--upstream-port"]
-        command += [str(self.upstream_port)] + (["--read-body"] if self.read_body else [])
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, cwd=ROOT)
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline().decode().split()
-        if len(line) != 2 or line[0] != "ready":
-            _stop(self.proc)
-            raise RuntimeError(f"{self.name} did not start:\n{self.log_path.read_text()}")
-        self.port = int(line[1])
+        module = ["bench.relay_floor", "--upstream-port", str(self.upstream_port)]
+        module += ["--read-body"] if self.read_body else []
+        self.proc, self.port = start_ready(module, self.log_path, self.name)
         return self
 
     def stop(self) -> None:
