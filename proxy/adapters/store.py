@@ -291,8 +291,9 @@ class RedisStore:
         return _items(raw)
 
     def read_many(self, values: Sequence[str], lists: Sequence[str]) -> dict[str, Any]:
-        """``read_many`` in one round trip: a request's lookup is several keys, and each
-        round trip of its own cost ~0.1 ms in redis-py (5 keys: 0.59 ms, pipelined 0.13)."""
+        """The module's ``read_many`` in one pipelined round trip: a request's lookup is
+        several keys, and each round trip costs ~0.1 ms in redis-py (5 keys one by one:
+        0.59 ms; pipelined: 0.13)."""
         pipe = self._redis.pipeline(transaction=False)
         for key in values:
             pipe.get(key)
