@@ -48,6 +48,7 @@ import orjson
 import yaml
 
 from bench.core import conversation  # the histories of the core-cost table
+from bench.loadgen import process_cpu_s
 from tests.proxyproc import ProxyProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -251,13 +252,21 @@ def _children() -> dict[int, list[int]]:
     return tree
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a server's workers are child processes), from /proc."""
+    tree, todo, found = _children(), [pid], []
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(tree.get(p, []))
+    return found
+
+
 def status_mb(pid: int, field: str) -> float | None:
     """``field`` of /proc status (VmRSS, VmHWM) summed over ``pid`` and its descendants (a
     server's workers are child processes), in MiB."""
-    tree, todo, total, found = _children(), [pid], 0, False
-    while todo:
-        p = todo.pop()
-        todo.extend(tree.get(p, []))
+    total, found = 0, False
+    for p in process_tree(pid):
         try:
             for line in Path(f"/proc/{p}/status").read_text().splitlines():
                 if line.startswith(field + ":"):
@@ -275,16 +284,7 @@ def peak_rss_mb(pid: int) -> float | None:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` and its descendants so far."""
-    tree, todo, ticks = _children(), [pid], 0
-    while todo:
-        p = todo.pop()
-        todo.extend(tree.get(p, []))
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return sum(process_cpu_s(p) or 0.0 for p in process_tree(pid))
 
 
 def settle(pid: int, limit_s: float = 60.0) -> float:

@@ -71,6 +71,7 @@ from bench.overhead import (
     _stop,
     _wait_http,
     load,
+    process_tree,
     request_body,
     settle,
     start_ready,
@@ -295,34 +296,14 @@ def _summary(
     return rows
 
 
-def _descendants(pid: int) -> list[int]:
-    """The processes under ``pid`` (granian's and nginx's workers are children of the one
-    started), from ``/proc``; empty where there is none."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
-        if entry.name.isdigit():
-            try:
-                parents[int(entry.name)] = int(
-                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
-                )
-            except (OSError, IndexError, ValueError):
-                continue
-    found, frontier = [], [pid]
-    while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier]
-        found += children
-        frontier = children
-    return found
-
-
 def _cell(
     name: str, port: int, pid: int | None, key: str, body: Path, c: int, p: Profile, upstream: int
 ) -> Any:
     """One load run against ``port``, with the CPU shares of the load generator, the server
     (``pid``; none for direct) and the upstream (``upstream``) over its measured window."""
-    tree = (pid, *_descendants(pid)) if pid is not None else ()
-    for one in tree:
-        settle(one, 10)
+    tree = process_tree(pid) if pid is not None else []
+    if pid is not None:
+        settle(pid, 10)  # its workers included
     result = load(port, body, key, c, p, watch=(*tree, upstream))
     window, used = max(result["cpu_window_s"], 1e-9), result["watched_cpu_s"]
     parts = [used.get(str(one)) for one in tree]
