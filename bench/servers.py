@@ -51,12 +51,10 @@ import importlib.util
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +75,7 @@ from bench.overhead import (
     start_ready,
     status_mb,
 )
-from tests.proxyproc import cli_path, free_port
+from tests.proxyproc import RedisServer, cli_path, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 HISTORIES = (2, 50)
@@ -202,43 +200,6 @@ class Nginx:
         _stop(self.proc)
 
 
-class RedisServer:
-    """A private ``redis-server`` (no persistence) for the Redis-store row."""
-
-    def __init__(self, work: Path) -> None:
-        self.port = free_port()
-        self.dir = work / "redis"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        binary = shutil.which("redis-server")
-        assert binary is not None
-        command = [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        command += ["--appendonly", "no", "--dir", str(self.dir)]
-        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                _stop(self.proc)
-                raise RuntimeError("redis-server did not start")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        _stop(self.proc)
-
-
 class FloorRelay:
     """``python -m bench.relay_floor`` in front of the upstream (``read_body``: it also parses
     every body)."""
@@ -343,7 +304,8 @@ def run(rounds: int, duration: float, smoke: bool = False, litellm: bool = True)
         two = Variant(f"{DEFAULT}, 2 workers", "uvicorn", "h1", work, upstream.base_url, workers=2)
         variants.append(two.start())
         if shutil.which("redis-server"):  # the replicas' store, where it is installed
-            redis = RedisServer(work).start()
+            redis = RedisServer(work)
+            redis.start()
             servers.append(redis)
             name = f"{DEFAULT}, Redis store"
             variants.append(Variant(name, "uvicorn", "h1", work, upstream.base_url, redis.url))

@@ -1,4 +1,5 @@
-"""Start ``compaction-proxy serve --config`` as a real process on a free port."""
+"""Start ``compaction-proxy serve --config`` as a real process on a free port (and a private
+``redis-server`` for the store it can share)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from typing import Any
 
 import httpx
 import yaml
+
+from proxy.adapters.store import RedisStore
+from proxy.core.errors import StoreError
 
 
 def free_port() -> int:
@@ -101,3 +105,41 @@ class ProxyProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class RedisServer:
+    """A private ``redis-server`` on a free port (the Redis tests, the benchmark's Redis row);
+    ``stop`` kills it, as a crash would."""
+
+    def __init__(self, work: Path, persistent: bool = False) -> None:
+        self.persistent = persistent  # every write kept across a crash (AOF, fsync always)
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed (apt-get install -y redis-server)"
+        self.binary, self.work, self.port = binary, work, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        if self.persistent:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        else:
+            args += ["--appendonly", "no"]
+        self.proc = subprocess.Popen(
+            [self.binary, *args, "--dir", str(self.work)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                RedisStore(self.url).get("ping")
+                return
+            except StoreError:
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()  # as a crash: nothing flushed, nothing kept (no persistence)
+            self.proc.wait(10)

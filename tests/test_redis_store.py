@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,45 +15,16 @@ from proxy.adapters.store import DiskStore, RedisStore, get_list, open_store, re
 from proxy.core.errors import StoreError
 from tests.checks import INLINE, assert_forwarded_faithful, summary_index
 from tests.conversations import drive_conversation
-from tests.proxyproc import ProxyProcess, free_port
+from tests.proxyproc import ProxyProcess, RedisServer, free_port
 from tests.upstream import ScriptedUpstream
 
 
 @pytest.fixture(scope="module")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    assert binary, "redis-server is not installed (apt-get install -y redis-server)"
-    port = free_port()
-    work = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(work),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            RedisStore(url).get("ping")
-            break
-        except StoreError:
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.1)
-    yield url
-    proc.terminate()
-    proc.wait(5)
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server.url
+    server.stop()
 
 
 def test_redis_store_operations(redis_url: str) -> None:

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -23,9 +21,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from hooks.litellm_llm import LiteLLMRouterLLM  # noqa: E402
 from proxy.adapters.store import RedisStore  # noqa: E402
-from proxy.core.errors import CompactionFailed, StoreError  # noqa: E402
+from proxy.core.errors import CompactionFailed  # noqa: E402
 from tests.checks import INLINE  # noqa: E402
-from tests.proxyproc import ProxyProcess, free_port  # noqa: E402
+from tests.proxyproc import ProxyProcess, RedisServer  # noqa: E402
 from tests.rawupstream import RawUpstream  # noqa: E402
 from tests.upstream import ScriptedUpstream  # noqa: E402
 
@@ -68,41 +66,6 @@ def test_the_hooks_llm_calls_are_bounded_as_a_whole() -> None:
 
 
 # ---- Redis down and back mid-run ----------------------------------------------------------
-
-
-class RedisServer:
-    def __init__(self, work: Path, persistent: bool = False) -> None:
-        self.persistent = persistent  # every write kept across a crash (AOF, fsync always)
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed (apt-get install -y redis-server)"
-        self.binary, self.work, self.port = binary, work, free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
-        if self.persistent:
-            args += ["--appendonly", "yes", "--appendfsync", "always"]
-        else:
-            args += ["--appendonly", "no"]
-        self.proc = subprocess.Popen(
-            [self.binary, *args, "--dir", str(self.work)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                RedisStore(self.url).get("ping")
-                return
-            except StoreError:
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()  # as a crash: nothing flushed, nothing kept (no persistence)
-            self.proc.wait(10)
 
 
 @pytest.fixture()
