@@ -78,6 +78,15 @@ def test_sorted_sets_read_the_same_from_redis_and_disk(redis_url: str, tmp_path:
         store.close()
 
 
+def _forbid_single_commands(store: RedisStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """From now on a command sent on its own round trip (not in a pipeline) fails the test."""
+
+    def no_single_commands(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"a round trip of its own: {args[:1]}")
+
+    monkeypatch.setattr(store._redis, "execute_command", no_single_commands)
+
+
 def test_zadd_many_writes_as_one_zadd_per_key_in_one_round_trip(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -88,11 +97,7 @@ def test_zadd_many_writes_as_one_zadd_per_key_in_one_round_trip(
             store.delete(key)
         store.zadd("zm:a", {"old": 1.0, "kept": 5.0})
         if isinstance(store, RedisStore):
-
-            def no_single_commands(*args: Any, **kwargs: Any) -> Any:
-                raise AssertionError(f"a round trip of its own: {args[:1]}")
-
-            monkeypatch.setattr(store._redis, "execute_command", no_single_commands)
+            _forbid_single_commands(store, monkeypatch)
         store.zadd_many({"zm:a": {"old": 3.0, "new": 2.0}, "zm:b": {"x": 1.5}, "zm:c": {}})
         store.zadd_many({})
         monkeypatch.undo()
@@ -128,11 +133,7 @@ def test_read_many_reads_as_single_reads_do_in_one_round_trip(
         singles |= {k: get_list(store, k) for k in ("rm:ck", "rm:none")}
         if isinstance(store, RedisStore):
             store._redis.set("rm:bad", b"\xff not json")
-
-            def no_single_commands(*args: Any, **kwargs: Any) -> Any:
-                raise AssertionError(f"a round trip of its own: {args[:1]}")
-
-            monkeypatch.setattr(store._redis, "execute_command", no_single_commands)
+            _forbid_single_commands(store, monkeypatch)
         else:
             store._cache.set("rm:bad", b"\xff not json")
         got = read_many(store, ["rm:v", "rm:gone", "rm:bad"], ["rm:ck", "rm:none"])
