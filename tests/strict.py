@@ -10,7 +10,9 @@ validation errors (OpenAI chat completions and Responses, Anthropic Messages):
   content array must not be empty.
 - Anthropic: every ``tool_use`` in an assistant turn is answered by a ``tool_result`` in the
   very next user turn and every ``tool_result`` answers a ``tool_use`` of the assistant turn
-  right before; the first turn is a user turn; user and assistant turns alternate (the API
+  right before, and stands at the beginning of its message (before any text); the first
+  message is a user turn (a ``system`` message first is refused too); user and assistant
+  turns alternate (the API
   itself merges consecutive same-role turns, but the proxy must never create them, so the
   strict upstream flags them; a test that sends them on purpose opts out); no empty content
   (except a final assistant turn, the prefill); at most 4 ``cache_control`` blocks over
@@ -126,8 +128,8 @@ def check_messages(body: dict[str, Any], *, alternation: bool = True) -> str | N
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
             return f"messages.{i}.role: Input should be 'user' or 'assistant'"
-    if turns and turns[0][1].get("role") != "user":
-        return "messages: the first message must use the user role"
+    if messages[0].get("role") != "user":
+        return "messages: first message must use the 'user' role"
     last_turn = turns[-1][0] if turns else -1
     for i, m in enumerate(messages):
         if _empty(m.get("content")) and not (i == last_turn and m.get("role") == "assistant"):
@@ -144,6 +146,21 @@ def check_messages(body: dict[str, Any], *, alternation: bool = True) -> str | N
                 if previous is not None and previous["role"] == "assistant"
                 else set()
             )
+            content = m.get("content") or []
+            leading = next(
+                (
+                    n
+                    for n, b in enumerate(content)
+                    if not (isinstance(b, dict) and b.get("type") == "tool_result")
+                ),
+                len(content),
+            )
+            if leading < len(results):
+                return (
+                    f"messages.{i}: Did not find {len(results)} `tool_result` block(s) at the "
+                    "beginning of this message. Messages following `tool_use` blocks must "
+                    "begin with a matching number of `tool_result` blocks."
+                )
             unmatched = [r for r in results if r not in issued]
             if role != "user" or unmatched:
                 return (

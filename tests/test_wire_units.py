@@ -36,7 +36,9 @@ def test_the_summary_joins_the_first_kept_user_turn() -> None:
     marked = {"role": "user", "content": [{"type": "text", "text": SUMMARY, "cache_control": MARK}]}
     image = {"role": "user", "content": [{"type": "image", "source": {}}]}
     once = join_summary([{"role": "system", "content": "s"}, marked, image])
-    assert once[1]["content"] == [marked["content"][0], image["content"][0]]
+    # A system message never leads (the Messages API wants a user turn first): it follows.
+    assert once[0]["content"] == [marked["content"][0], image["content"][0]]
+    assert once[1] == {"role": "system", "content": "s"}
     again = join_summary([{"role": "system", "content": "s"}, marked, image])
     assert orjson.dumps(once) == orjson.dumps(again)
     # Nothing to join: no summary, or the client's own text.

@@ -167,11 +167,14 @@ class ScriptedUpstream:
         strict: bool = True,
         alternation: bool = True,
         expect_rejections: bool = False,
+        refuse: Callable[[dict], str | None] | None = None,
     ) -> None:
         """``strict``: answer 400, as the real provider would, to what it rejects (see
         tests/strict.py) and record it in ``rejections``; leaving the ``with`` block then
         fails the test unless ``expect_rejections``. ``alternation=False`` lets a test send
-        consecutive same-role Anthropic turns on purpose (the real API merges them)."""
+        consecutive same-role Anthropic turns on purpose (the real API merges them).
+        ``refuse``: one more rule of the provider's, for a test (the reason for a 400, or
+        None), applied to the chat routes' bodies after the strict checks."""
         self.reply, self.detector, self.summarizer = reply, detector, summarizer
         self.count_tokens = count_tokens
         self.detector_mode, self.summarizer_mode = detector_mode, summarizer_mode
@@ -181,6 +184,7 @@ class ScriptedUpstream:
         self.host, self.port = host, 0
         self.strict, self.alternation = strict, alternation
         self.expect_rejections = expect_rejections
+        self.refuse = refuse
         self.requests: list[Recorded] = []
         self.rejections: list[dict[str, Any]] = []
         self.cached_log: list[tuple[int, int]] = []
@@ -329,6 +333,11 @@ class ScriptedUpstream:
             )
         return JSONResponse(error_body(400, reason), status_code=400)
 
+    def _check(self, reason: str | None, body: dict) -> str | None:
+        if reason is None and self.refuse is not None:
+            return self.refuse(body)
+        return reason
+
     async def _sleep(self, seconds: float) -> None:
         # Sleep in slices so stop() never waits on (or has to cancel) a scripted delay.
         deadline = time.monotonic() + seconds
@@ -358,7 +367,7 @@ class ScriptedUpstream:
         if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
             return JSONResponse(error_body(400, "'messages' is required"), status_code=400)
         messages = body["messages"]
-        if (rejected := self._rejected(rec, check_chat(body))) is not None:
+        if (rejected := self._rejected(rec, self._check(check_chat(body), body))) is not None:
             return rejected
         if rec.purpose in ("detector", "summarizer"):
             mode = self.detector_mode if rec.purpose == "detector" else self.summarizer_mode
@@ -447,7 +456,7 @@ class ScriptedUpstream:
                 },
                 status_code=400,
             )
-        reason = check_messages(body, alternation=self.alternation)
+        reason = self._check(check_messages(body, alternation=self.alternation), body)
         if (rejected := self._rejected(rec, reason, anthropic=True)) is not None:
             return rejected
         as_openai = [{"role": m.get("role"), "content": m.get("content")} for m in body["messages"]]
@@ -524,7 +533,7 @@ class ScriptedUpstream:
         body = rec.json
         if not isinstance(body, dict) or not isinstance(body.get("input"), str | list):
             return JSONResponse(error_body(400, "'input' is required"), status_code=400)
-        if (rejected := self._rejected(rec, check_responses(body))) is not None:
+        if (rejected := self._rejected(rec, self._check(check_responses(body), body))) is not None:
             return rejected
         items = body["input"]
         items = [{"role": "user", "content": items}] if isinstance(items, str) else items

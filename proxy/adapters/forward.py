@@ -147,6 +147,15 @@ def no_cookie_jar() -> http.cookiejar.CookieJar:
 
 
 @functools.lru_cache(maxsize=256)  # pure; the chat routes ask the same every request
+def upstream_root(base_url: str, query: str) -> httpx.URL:
+    """The provider's own root for the proxy's ``/``: the base URL without its ``/v1``
+    (``https://api.openai.com/v1`` -> ``https://api.openai.com/``), else the base itself.
+    Clients probe it (Claude Code sends ``HEAD /``) to see whether the endpoint answers."""
+    base = httpx.URL(base_url.rstrip("/"))
+    path = base.path[: -len("/v1")] if base.path.endswith("/v1") else base.path
+    return base.copy_with(path=path.rstrip("/") + "/", query=query.encode() or None)
+
+
 def upstream_url(base_url: str, path: str, query: str) -> httpx.URL:
     """Map ``/v1/<rest>`` on the proxy to ``<base_url>/<rest>`` upstream.
 

@@ -6,6 +6,7 @@ request would not fit otherwise; track stability and place cache marks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -72,6 +73,7 @@ class State:
     record: CompactionRecord | None = None
     cooling: bool = False
     paused: bool = False
+    refused: bool = False  # the upstream refused a compacted body of this conversation
     tracker: StabilityState | None = None
     meta: Any = None  # the ledger's view of the conversation (``policy: cost`` only)
 
@@ -93,8 +95,10 @@ def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
     only for what the first found missing or pointed to."""
     t, conv, earlier = req.tenant, ident.conversation, ident.earlier
     cool, pause, stab = (conv_key(kind, t, conv) for kind in ("cool", "pause", "stab"))
+    refused = conv_key("refused", t, conv)
     meta = (conv_key("conv", t, conv),) if env.settings.policy == "cost" else ()
-    got = yield Read(values=(cool, pause, stab, *meta), lists=checkpoint_keys(t, conv, earlier))
+    keys = (cool, pause, stab, refused, *meta)
+    got = yield Read(values=keys, lists=checkpoint_keys(t, conv, earlier))
     tracker = _tracker(got.get(stab))
     best = best_checkpoint(got, t, conv, earlier, ident.chain)
     rec = record_key(t, best[1], best[0]) if best is not None else None
@@ -108,6 +112,7 @@ def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
         record,
         cooling=got.get(cool) is not None,
         paused=got.get(pause) is not None,
+        refused=got.get(refused) is not None,
         tracker=tracker,
         meta=got.get(meta[0]) if meta else None,
     )
@@ -133,6 +138,8 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
             state = yield from read_state(env, req, ident)
         except StoreError as exc:
             log.warning("store lookup failed; forwarding unchanged", extra={"error": str(exc)})
+    if state.refused:
+        state = dataclasses.replace(state, record=None)  # never forwarded again
 
     def substituted() -> Prepared:
         return view(
@@ -154,6 +161,11 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
     )
     if state.paused and not bypass:
         controls = Controls("compaction paused for this conversation", "opt-out")
+        bypass = True
+    elif state.refused and not bypass:
+        # A defect of ours costs one retry, never the session: its records are not used
+        # again and no new one is made (the operator sees why on the conversation page).
+        controls = Controls("the upstream refused a compacted request", "opt-out")
         bypass = True
     window = context_window(req.model)
     if window:

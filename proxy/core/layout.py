@@ -64,40 +64,25 @@ def summary_position(view: View) -> int | None:
     return None
 
 
-def joined_run(messages: Sequence[Message]) -> list[int] | None:
-    """Positions forwarded as one user turn where turns must alternate (/v1/messages): the
-    summary, the user turns before it (pins our placement put side by side) and the first
-    kept user turn after it (a turn start: it never carries tool results). System messages
-    in between take no part in alternation; they follow the joined turn."""
-    at = next((i for i, m in enumerate(messages) if _is_summary(m)), None)
-    if at is None:
-        return None
-    members = [at]
-    i = at - 1
-    while i >= 0 and messages[i].get("role") in ("user", "system"):
-        if messages[i].get("role") == "user":
-            members.insert(0, i)
-        i -= 1
-    j = at + 1
-    while j < len(messages) and messages[j].get("role") == "system":
-        j += 1
-    if j < len(messages) and messages[j].get("role") == "user":
-        members.append(j)
-    return members if len(members) > 1 else None
-
-
-def _is_summary(message: Message) -> bool:
-    """Our summary as a user turn: one text block (or a string) with our header."""
-    content = message.get("content")
-    if isinstance(content, list):
-        if len(content) != 1 or not isinstance(content[0], dict):
-            return False
-        content = content[0].get("text")
-    return (
-        message.get("role") == "user"
-        and isinstance(content, str)
-        and content.startswith(SUMMARY_PREFIX)
-    )
+def joined_runs(messages: Sequence[Message]) -> list[list[int]]:
+    """Positions forwarded as one user turn each where turns must alternate (/v1/messages):
+    every run of two or more user turns with nothing but system messages between them (the
+    summary, the pins our placement put beside it, the first kept user turn after it). The
+    API merges such turns itself, so joining them changes no meaning; system messages in
+    between take no part in alternation and follow the joined turn."""
+    runs: list[list[int]] = []
+    current: list[int] = []
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role == "user":
+            current.append(i)
+        elif role != "system":
+            if len(current) > 1:
+                runs.append(current)
+            current = []
+    if len(current) > 1:
+        runs.append(current)
+    return runs
 
 
 def turn_opener(messages: Sequence[Message], cut: int, lower: int) -> int | None:
@@ -121,7 +106,9 @@ def replaced(
     summary: Message | None,
 ) -> Layout:
     """Summarize, truncate or drop ``[head_len, cut)``: the head, earlier pins and the pins of
-    the span stay in place (in order), then the new summary or note, then the rest verbatim."""
+    the span stay in place (in order), then the new summary or note, then the rest verbatim.
+    (A pin that then leads a /v1/messages body, a system message the client sent after a
+    turn no longer forwarded, is put after the first user turn by the surface.)"""
     old_summary = summary_position(view)
     entries: list[Entry] = []
     kept: list[int] = []

@@ -13,7 +13,7 @@ from typing import Final, Literal, TypedDict
 
 CaseName = Literal[
     "none", "prune", "truncate", "summarize", "emergency",
-    "off", "opt-out", "client-compaction", "shadow", "error",
+    "off", "opt-out", "client-compaction", "shadow", "error", "healed",
 ]  # fmt: skip
 
 
@@ -30,6 +30,9 @@ class Case:
     CLIENT_COMPACTION: Final = "client-compaction"  # the client compacts its own history
     SHADOW: Final = "shadow"  # measured only: forwarded byte for byte
     ERROR: Final = "error"  # the request failed before it was prepared
+    # The upstream refused (400) the body a compaction changed: sent again as the client
+    # sent it; the conversation is not compacted again (its ``refused:`` store key).
+    HEALED: Final = "healed"
 
 
 # A compaction record's case: what a stored compaction did.

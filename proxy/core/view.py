@@ -85,13 +85,15 @@ def reviewed(env: Env, p: Prepared, record: CompactionRecord) -> Prepared:
 
 
 def joined_counts(env: Env, forwarded: list[Message], counts: list[int], model: str) -> list[int]:
-    """Counts when the summary joins the pins before it and the next user turn into one
-    user turn (``layout.joined_run``): one message's framing for all of them."""
-    run = layout.joined_run(forwarded)
-    if run is None:
+    """Counts when user turns side by side (the summary, the pins beside it, the next user
+    turn) are forwarded as one user turn (``layout.joined_runs``): one message's framing for
+    all of them."""
+    runs = layout.joined_runs(forwarded)
+    if not runs:
         return counts
     out = list(counts)
-    for i in run[:-1]:
-        role = str(forwarded[i].get("role", ""))
-        out[i] = max(0, out[i] - TOKENS_PER_MESSAGE - env.counter.count_text(role, model))
+    for run in runs:
+        for i in run[:-1]:
+            role = str(forwarded[i].get("role", ""))
+            out[i] = max(0, out[i] - TOKENS_PER_MESSAGE - env.counter.count_text(role, model))
     return out

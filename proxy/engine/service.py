@@ -11,6 +11,7 @@ whichever door it came through. ``build_service`` builds a ``Service`` from a ``
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -22,9 +23,12 @@ from proxy.adapters.llm import LLM
 from proxy.adapters.store import Store, open_store
 from proxy.config import Config, load_prompt
 from proxy.core.controls import request_controls
-from proxy.core.errors import ContextTooLong
+from proxy.core.errors import ContextTooLong, StoreError
 from proxy.core.messages import Message
+from proxy.core.modelmap import context_window
 from proxy.core.prepared import Prepared, Prompts
+from proxy.core.records import conv_key
+from proxy.core.types import Case
 from proxy.engine.compactor import Compactor
 from proxy.operators import ledger
 from proxy.operators.metrics import Metrics
@@ -92,6 +96,8 @@ class Call:
     started: float  # time.perf_counter() when the request arrived
     overhead_s: float = 0.0  # the proxy's own time before forwarding
     finished: bool = field(default=False, repr=False)
+    # What the upstream refused, when the call was sent again as the client sent it.
+    refused: Prepared | None = field(default=None, repr=False)
 
     def forwarding(self) -> None:
         """Mark the moment the request leaves for the upstream: the proxy's overhead ends."""
@@ -151,6 +157,47 @@ class Service:
         call.forwarding()
         return call
 
+    async def send_as_sent(self, call: Call) -> bool:
+        """The upstream refused (400) the body this call forwarded: whether to send the
+        client's own body once instead. Yes when the compaction changed the body (nothing
+        else of ours could be at fault) and the client's body fits the model's context
+        window; the call then counts as forwarded as sent (case ``healed``). Once per call.
+
+        The conversation is marked before the retry goes out (so no later request can use
+        its records, however soon it comes): while marked, its records are not forwarded
+        and no new one is made; a defect of ours costs one retry, never the session.
+        ``finish`` settles it: when the client's body is refused too, the fault was the
+        request's own and the mark is taken back."""
+        p = call.prepared
+        if p is None or not p.changed or p.as_sent or call.refused is not None:
+            return False
+        window = context_window(p.model)
+        if window and p.original_tokens + p.reserve_tokens > window:
+            return False
+        call.refused = p
+        call.prepared = p.but(
+            case=Case.HEALED,
+            skipped=True,
+            record=None,
+            forwarded=p.original,
+            forwarded_counts=p.original_counts,
+            forwarded_tokens=p.original_tokens,
+            origins=list(range(len(p.original))),
+            stability=None,
+        )
+        mark = {
+            "ts": time.time(),
+            "route": call.route,
+            "record": p.record.prefix_hash if p.record else None,
+            "case": p.record.case if p.record else p.case,
+        }
+        key = conv_key("refused", p.tenant, p.conversation)
+        try:
+            await asyncio.to_thread(self.store.set, key, mark, self.config.retention_s)
+        except StoreError as exc:  # the retry still goes; only the mark is lost
+            log.warning("could not mark a refused conversation", extra={"error": str(exc)})
+        return True
+
     def finish(
         self, call: Call, usage: Any, status: int, *, upstream_s: float | None = None
     ) -> None:
@@ -193,6 +240,8 @@ class Service:
         )
         if prepared is None:
             return
+        if call.refused is not None:
+            self._settle_refusal(call.route, call.refused, status)
         if status == 200:
             self.compactor.schedule(prepared)
         entry = ledger.RequestEntry.of(
@@ -204,6 +253,28 @@ class Service:
             overhead_s=call.overhead_s,
         )
         self.compactor.writer.record(entry, prepared.original)
+
+    def _settle_refusal(self, route: str, refused: Prepared, status: int) -> None:
+        """After a call sent again as sent: log and count it; when the client's own body was
+        refused too, the compaction was not at fault and the mark is taken back."""
+        ours = status != 400
+        outcome = "healed" if ours else "refused as sent too"
+        case = refused.record.case if refused.record else refused.case
+        log.warning(
+            "the upstream refused a compacted request; sent as the client sent it",
+            extra={
+                "route": route,
+                "conversation": refused.conversation,
+                "case": case,
+                "record": refused.record.prefix_hash if refused.record else None,
+                "retry_status": status,
+                "outcome": outcome,
+            },
+        )
+        self.metrics.observe_refusal(route, case, outcome)
+        if not ours:
+            key = conv_key("refused", refused.tenant, refused.conversation)
+            self.compactor.spawn_io(self.store.delete, key)
 
     async def close(self, timeout: float = 30) -> None:
         """Wait for background compactions and queued writes; close the store if ours."""

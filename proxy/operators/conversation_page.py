@@ -242,7 +242,17 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
         + tile("cache-hit", "Cache-hit rate", fmt_pct(100 * meta["cache_hit_rate"]),
                meta["cache_hit_rate"])
     )  # fmt: skip
-    paused = "<span><b>compaction paused</b> (requests pass as sent)</span>"
+    status = ""
+    if meta.get("paused"):
+        status += "<span><b>compaction paused</b> (requests pass as sent)</span>"
+    refused = meta.get("refused")
+    if refused:
+        # A defect of ours cost one retry: say so where the operator looks first.
+        status += (
+            f'<span class="refused"><b>compaction stopped</b>: the upstream refused a '
+            f"compacted request ({esc(refused.get('case'))}, {esc(fmt_ts(refused.get('ts')))}); "
+            "it was sent again as the client sent it, and requests pass as sent since</span>"
+        )
     return render(
         "conversation",
         label=esc(conversation_label(detail["conversation"])),
@@ -250,7 +260,7 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
         model=esc(meta.get("model")),
         first_seen=esc(fmt_ts(meta.get("first_seen"))),
         last_seen=esc(fmt_ts(meta.get("last_seen"))),
-        paused=paused if meta.get("paused") else "",
+        paused=status,
         json_id=esc(quote(detail["id"], safe=":")),
         tiles=tiles,
         legend=legend(),

@@ -157,6 +157,10 @@ def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
     summary = derive(meta)
     summary.update(compactions=len(compactions), failures=len(failures))
     summary["paused"] = store.get(conv_key("pause", tenant, conv)) is not None
+    # The upstream refused a compacted request of this conversation (Service.send_as_sent):
+    # when, on which route, the refused record's case and prefix hash. Never content.
+    refused = store.get(conv_key("refused", tenant, conv))
+    summary["refused"] = refused if isinstance(refused, dict) else None
     return {
         "id": conversation_id(tenant, conv),
         "tenant": tenant,

@@ -57,8 +57,9 @@ def _add(totals: dict[str, Any], entry: RequestEntry) -> dict[str, Any]:
         shadow["forwarded_tokens"] = shadow.get("forwarded_tokens", 0) + entry.forwarded_tokens
         shadow["saved_tokens"] = shadow.get("saved_tokens", 0) + entry.would_save_tokens
         shadow["saved_usd"] = shadow.get("saved_usd", 0.0) + entry.would_save_usd()
-    if entry.case in (Case.OPT_OUT, Case.CLIENT_COMPACTION):
-        key = "client_compactions" if entry.case == Case.CLIENT_COMPACTION else "opted_out"
+    if entry.case in (Case.OPT_OUT, Case.CLIENT_COMPACTION, Case.HEALED):
+        keys = {Case.CLIENT_COMPACTION: "client_compactions", Case.HEALED: "healed"}
+        key = keys.get(entry.case, "opted_out")
         totals[key] = totals.get(key, 0) + 1
     totals["prompt_tokens"] = totals.get("prompt_tokens", 0) + entry.prompt_tokens
     totals["cached_tokens"] = totals.get("cached_tokens", 0) + entry.cached_tokens

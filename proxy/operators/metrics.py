@@ -208,6 +208,15 @@ class Metrics:
             ["route", "reason"],
             registry=r,
         )
+        self.refused = Counter(
+            f"{PREFIX}_upstream_refused_compactions",
+            "Compacted requests the upstream refused (400) and the proxy sent again as the "
+            "client sent them, by route, the refused record's case and outcome: 'healed' (the "
+            "client's body was accepted; the conversation is not compacted again) or 'refused "
+            "as sent too' (the request's own fault).",
+            ["route", "case", "outcome"],
+            registry=r,
+        )
         # Known label values start at zero, so every series exists before its first event.
         self.compactions.labels(Failure.FAILED)
         for case in sorted(COMPACTION_CASES):
@@ -292,6 +301,13 @@ class Metrics:
             self.rejected.labels(route, reason).inc()
         except Exception:
             log.exception("metrics: observe_rejection failed")
+
+    def observe_refusal(self, route: str, case: str, outcome: str) -> None:
+        """One compacted request the upstream refused, sent again as the client sent it."""
+        try:
+            self.refused.labels(route, case, outcome).inc()
+        except Exception:
+            log.exception("metrics: observe_refusal failed")
 
     def observe_compaction(
         self, case: str, duration_s: float | None, failed_purpose: str | None = None

@@ -51,7 +51,7 @@ def stats(store: Store, hours: int = 48, now: float | None = None) -> dict[str, 
     totals = derive(raw if isinstance(raw, dict) else {})
     # Counted on write (ledger): compactions, failed attempts, and the loss reports summed
     # (facts of replaced spans still forwarded, and facts lost).
-    for key in ("compactions", "compaction_failures", "facts_kept", "facts_dropped"):
+    for key in ("compactions", "compaction_failures", "facts_kept", "facts_dropped", "healed"):
         totals.setdefault(key, 0)
     totals["conversations"] = store.zcard(index.SEEN)
     totals["tenants"] = store.zcard(index.TENANTS)

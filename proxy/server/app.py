@@ -114,12 +114,23 @@ async def _serve(request: Request, surface: Surface, send: Send) -> None:
     call.forwarding()
     own = compaction_headers(prepared)
     receive = request.receive
+
+    async def client_body() -> httpx.Request | None:
+        """The client's own body, when the upstream refused the one the compaction changed."""
+        if out is body or not await service.send_as_sent(call):
+            return None
+        own.update(compaction_headers(call.prepared))
+        return forwarder.request("POST", url, raw, headers)
+
     if not stream:
-        await forward_whole(service, forwarder, call, upstream_request, own, send, receive)
+        await forward_whole(
+            service, forwarder, call, upstream_request, own, send, receive, client_body
+        )
         return
     await forward_stream(
-        service, forwarder, call, surface, upstream_request, own, drop_usage, send, receive
-    )
+        service, forwarder, call, surface, upstream_request, own, drop_usage, send, receive,
+        client_body,
+    )  # fmt: skip
 
 
 def compaction_llm(config: Config, client: httpx.AsyncClient) -> HttpLLM:
@@ -185,6 +196,9 @@ def create_app(
             passthrough,
             methods=["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "HEAD"],
         ),
+        # Reachability probes (Claude Code sends HEAD /): the provider's answer, not ours.
+        Route("/", passthrough, methods=["GET", "HEAD"]),
+        Route("/v1", passthrough, methods=["GET", "HEAD"]),
     ]
     app = Starlette(
         routes=routes,

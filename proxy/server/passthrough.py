@@ -1,4 +1,5 @@
-"""Every other ``/v1/*`` path and method: relayed unchanged (bar hop-by-hop headers)."""
+"""Every other ``/v1/*`` path and method, and the reachability probes (``GET``/``HEAD`` of
+``/`` and ``/v1``): relayed unchanged (bar hop-by-hop headers)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from proxy.adapters.forward import mapped_errors, request_headers, response_headers, upstream_url
+from proxy.adapters.forward import (
+    mapped_errors,
+    request_headers,
+    response_headers,
+    upstream_root,
+    upstream_url,
+)
 from proxy.engine.service import Service
 from proxy.operators import ledger
 from proxy.server.abort import BodyBroken
@@ -36,7 +43,11 @@ async def passthrough(request: Request) -> Response:
     client: httpx.AsyncClient = request.app.state.client
     config = service.config
     raw = await read_body(request, config.max_body_bytes)
-    url = upstream_url(config.upstream.base_url, raw_path(request), request.url.query)
+    path = raw_path(request)
+    if path == "/":
+        url = upstream_root(config.upstream.base_url, request.url.query)
+    else:
+        url = upstream_url(config.upstream.base_url, path, request.url.query)
     headers = request_headers(request.scope["headers"], config.upstream.api_key)
     upstream_request = client.build_request(request.method, url, content=raw, headers=headers)
     async with mapped_errors():

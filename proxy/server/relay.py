@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -119,6 +119,11 @@ class Ending:
         return lambda: service.finish(call, self.usage, self.status)
 
 
+# Another request to send instead when the upstream refused (400) the one sent: the client's
+# own body when the compaction had changed it (None: relay the refusal).
+Fallback = Callable[[], Awaitable[httpx.Request | None]]
+
+
 async def forward_whole(
     service: Service,
     forwarder: Forwarder,
@@ -127,10 +132,12 @@ async def forward_whole(
     own: dict[str, str],
     send: Send,
     receive: Receive,
+    fallback: Fallback | None = None,
 ) -> None:
     """A non-streamed request: ``upstream.timeout_s`` bounds the whole of it. An answer up
     to ``WHOLE_BODY_BYTES`` is read whole (its usage parsed); a bigger one is relayed as it
-    arrives, its usage read from its last bytes."""
+    arrives, its usage read from its last bytes. A 400 is answered by ``fallback``'s request
+    instead, when it gives one (once)."""
     timeout_s = service.config.upstream.timeout_s
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with mapped_errors(deadline_s=timeout_s):
@@ -140,6 +147,16 @@ async def forward_whole(
         except BaseException:
             await upstream.aclose()
             raise
+        if upstream.status_code == 400 and rest is None and fallback is not None:
+            instead = await fallback()
+            if instead is not None:
+                await upstream.aclose()
+                upstream = await forwarder.send(instead)
+                try:
+                    head, rest = await _read_up_to(upstream, WHOLE_BODY_BYTES)
+                except BaseException:
+                    await upstream.aclose()
+                    raise
     out_headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
     if rest is None:
         await upstream.aclose()
@@ -221,10 +238,18 @@ async def forward_stream(
     drop_usage: bool,
     send: Send,
     receive: Receive,
+    fallback: Fallback | None = None,
 ) -> None:
-    """A streamed request: an error answer is relayed whole, a 200 event by event."""
+    """A streamed request: an error answer is relayed whole, a 200 event by event. A 400 is
+    answered by ``fallback``'s request instead, when it gives one (once)."""
     async with mapped_errors():
         upstream = await forwarder.send(request)
+    if upstream.status_code == 400 and fallback is not None:
+        instead = await fallback()
+        if instead is not None:
+            await upstream.aclose()
+            async with mapped_errors():
+                upstream = await forwarder.send(instead)
     headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
     if upstream.status_code != 200:
         try:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import orjson
 
 from proxy.core.errors import BadRequest
-from proxy.core.layout import joined_run
+from proxy.core.layout import joined_runs
 from proxy.core.messages import Message
 from proxy.server.validation import validate_chat
 
@@ -142,21 +142,34 @@ def _blocks_of(content: Any) -> list[Any]:
 
 
 def join_summary(messages: View) -> View:
-    """The summary joins the pins before it and the first kept user turn into one user turn.
+    """The turns as the Messages API takes them: user turns side by side become one, and the
+    first message is a user turn.
 
-    The Messages API wants user and assistant turns to alternate; a summary turn of its own,
-    next to the pinned user turns kept in place (the task, client instructions) and the kept
-    user turn, would be user turns the client never sent side by side. Pure and deterministic,
-    so the forwarded bytes stay the same from one request to the next (blocks keep their cache
-    marks, so the cached prefix still ends where it did).
+    A summary of ours is a user turn next to the pinned user turns kept in place (the task,
+    client instructions) and the first kept user turn: user turns the client never sent side
+    by side. Each such run is joined into one user turn, in order (the API merges them
+    itself, so the meaning is the same; blocks keep their cache marks, so the cached prefix
+    still ends where it did), at the place of its first member; system messages in between
+    take no part in alternation and follow it. A system message the client sent after a turn
+    that is no longer forwarded must not lead (the API wants a user turn first): leading
+    system messages follow the first user turn. Pure and deterministic, so the forwarded bytes
+    stay the same from one request to the next.
     """
-    members = joined_run(messages)
-    if members is None:
-        return messages
-    blocks = [b for i in members for b in _blocks_of(messages[i]["content"])]
-    merged = {**messages[members[-1]], "content": blocks}
-    joined = set(members[1:])
-    return [merged if i == members[0] else m for i, m in enumerate(messages) if i not in joined]
+    runs = joined_runs(messages)
+    if runs:
+        merged: dict[int, Message] = {}
+        joined: set[int] = set()
+        for members in runs:
+            blocks = [b for i in members for b in _blocks_of(messages[i]["content"])]
+            merged[members[0]] = {**messages[members[-1]], "content": blocks}
+            joined.update(members[1:])
+        messages = [merged.get(i, m) for i, m in enumerate(messages) if i not in joined]
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    if 0 < lead < len(messages) and messages[lead].get("role") == "user":
+        messages = [messages[lead], *messages[:lead], *messages[lead + 1 :]]
+    return messages
 
 
 def _messages_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
