@@ -81,12 +81,14 @@ def _run(claude: str, work: Path, env: dict[str, str], turn: int) -> dict[str, A
     return result
 
 
-def _project(tmp: Path) -> tuple[Path, Path, Path]:
-    """A scratch project with a CLAUDE.md rule and a notes file, and a home for Claude Code."""
+def _project(tmp: Path, extra_rules: int = 0) -> tuple[Path, Path, Path]:
+    """A scratch project with a CLAUDE.md rule (and ``extra_rules`` more lines of them) and a
+    notes file, and a home for Claude Code."""
     work, home = tmp / "project", tmp / "home"
     work.mkdir()
     home.mkdir()
-    (work / "CLAUDE.md").write_text(f"# Project rules\n\n- {RULE}\n")
+    more = "".join(f"- Rule {n}: {filler_sentence(2000 + n, 30)}\n" for n in range(extra_rules))
+    (work / "CLAUDE.md").write_text(f"# Project rules\n\n- {RULE}\n{more}")
     notes = work / "notes.txt"
     notes.write_text(NOTES + "\n")
     return work, home, notes
@@ -105,9 +107,16 @@ def _claude_env(home: Path, base_url: str) -> dict[str, str]:
     )
 
 
-def test_claude_code_continues_through_compactions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("claude_md", ["short", "too large to pin"])
+def test_claude_code_continues_through_compactions(tmp_path: Path, claude_md: str) -> None:
+    """Claude Code with its default model, turn after turn with ``--continue``. With a
+    CLAUDE.md too large to pin at this trigger, its first user turn (which carries CLAUDE.md)
+    is summarized like any content, and Claude Code's system message at messages[1] would
+    lead the compacted body: the issue #24 session, bricked by a 400 after its first
+    compaction."""
     claude = agent_binary("claude")
-    work, home, notes = _project(tmp_path)
+    large = claude_md != "short"
+    work, home, notes = _project(tmp_path, extra_rules=40 if large else 0)
     script = ClaudeScript(notes)
     with (
         ScriptedUpstream(reply=script, summarizer=summarize_in_prose) as up,
@@ -129,10 +138,13 @@ def test_claude_code_continues_through_compactions(tmp_path: Path) -> None:
     # Compaction happened, more than once, and the summarizer did the work.
     compacted = [b for b in bodies if SUMMARY_PREFIX in b]
     assert len(compacted) >= 3, f"only {len(compacted)} of {len(bodies)} requests compacted"
-    assert up.chat_requests("summarizer"), "the summarizer was never called"
-    # The CLAUDE.md rule reaches the model on every request, compacted or not.
-    missing = [i for i, b in enumerate(bodies) if RULE not in b]
-    assert not missing, f"CLAUDE.md rule missing from forwarded requests {missing}"
+    assert len(up.chat_requests("summarizer")) >= 2, "fewer than two compactions"
+    # Every forwarded body opens with a user turn (the strict upstream checked it too).
+    assert all(r.json["messages"][0]["role"] == "user" for r in forwarded)
+    if not large:
+        # The CLAUDE.md rule reaches the model on every request, compacted or not.
+        missing = [i for i, b in enumerate(bodies) if RULE not in b]
+        assert not missing, f"CLAUDE.md rule missing from forwarded requests {missing}"
     # Claude Code's mid-conversation system message is never summarized away.
     first_system = _system_texts(forwarded[0].json)
     assert first_system, "Claude Code sent no mid-conversation system message this time"
