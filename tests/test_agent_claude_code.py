@@ -139,6 +139,9 @@ def test_claude_code_continues_through_compactions(tmp_path: Path, claude_md: st
     compacted = [b for b in bodies if SUMMARY_PREFIX in b]
     assert len(compacted) >= 3, f"only {len(compacted)} of {len(bodies)} requests compacted"
     assert len(up.chat_requests("summarizer")) >= 2, "fewer than two compactions"
+    # Claude Code's reachability probe reached the provider (not a 404 of ours).
+    probes = sorted({(r.method, r.path) for r in up.requests if not r.path.startswith("/v1/")})
+    assert ("HEAD", "/") in probes, f"Claude Code's HEAD / did not reach the upstream: {probes}"
     # Every forwarded body opens with a user turn (the strict upstream checked it too).
     assert all(r.json["messages"][0]["role"] == "user" for r in forwarded)
     if not large:
