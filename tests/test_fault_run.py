@@ -134,7 +134,7 @@ def run_round(px: ProxyProcess, up: FaultUpstream, seen: Seen, round_: str) -> N
     calls = {f"{round_}-{i}": spec for i, spec in enumerate(CALLS)}
     with ThreadPoolExecutor(max_workers=4) as pool:
         answers = {call: pool.submit(one_call, px, seen, call, s) for call, s in calls.items()}
-        texts = {call: future.result() for call, future in answers.items()}
+        texts = {call: future.result(timeout=600) for call, future in answers.items()}
     # (The chat stream's scripted answer says "hi", every other answer "ok".)
     wrong = {call: text for call, text in texts.items() if text not in ("ok", "hi")}
     assert wrong == {}
