@@ -17,7 +17,6 @@ tens of seconds.
 
 from __future__ import annotations
 
-import shutil
 import threading
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,7 @@ import openai
 
 from tests.checks import LOW_TRIGGER
 from tests.faultupstream import UPSTREAM_500, FaultUpstream
-from tests.proxyproc import ProxyProcess
+from tests.proxyproc import ProxyProcess, delete_folder
 from tests.upstream import ScriptedUpstream
 
 ADMIN = {"authorization": "Bearer test-admin-token"}
@@ -165,7 +164,7 @@ def test_the_official_clients_through_faults_compactions_and_a_store_loss(
             run_round(px, up, seen, "one")
             first = sum(seen.attempts.values())
             assert ledger_requests(px) == first  # every attempt answered is in the ledger
-            shutil.rmtree(tmp_path / "store")  # compactions may still be running
+            delete_folder(tmp_path / "store")  # compactions may still be running
             run_round(px, up, seen, "two")
             assert ledger_requests(px) == sum(seen.attempts.values()) - first
             ready = httpx.get(f"{px.root}/readyz", timeout=30)

@@ -13,7 +13,7 @@ import pytest
 
 from proxy.adapters.store import DiskStore
 from proxy.core.errors import StoreError
-from tests.proxyproc import ProxyProcess
+from tests.proxyproc import ProxyProcess, delete_folder
 from tests.rawupstream import RawUpstream
 
 ADMIN_TOKEN = "test-admin-token"
@@ -91,7 +91,7 @@ def test_a_store_deleted_while_running_is_recreated_and_records_again(tmp_path: 
         with ProxyProcess(tmp_path, upstream.url("/v1"), admin={"token": ADMIN_TOKEN}) as px:
             _post(px, "a")
             assert _requests(px) == 1
-            shutil.rmtree(tmp_path / "store")
+            delete_folder(tmp_path / "store")
             _post(px, "b")  # its ledger entry is the first write after the deletion
             assert _requests(px) == 1  # the new store holds it (the old one is gone)
             ready = httpx.get(f"{px.root}/readyz", timeout=30)
@@ -114,7 +114,7 @@ def test_a_store_unusable_for_a_while_counts_its_failed_writes_then_recovers(
         with ProxyProcess(tmp_path, upstream.url("/v1"), admin={"token": ADMIN_TOKEN}) as px:
             _post(px, "a")
             assert _requests(px) == 1
-            shutil.rmtree(tmp_path / "store")
+            delete_folder(tmp_path / "store")
             (tmp_path / "store").write_text("not a folder")
             _post(px, "b")
             # The admin API flushes this worker's queued ledger writes first: b's fails.
