@@ -39,6 +39,7 @@ from proxy.core.prepared import Env, Outcome, Prepared, Prompts, nothing
 from proxy.core.records import MAX_CHECKPOINTS, conv_key
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
+from proxy.engine.tracing import Tracer
 from proxy.operators import ledger
 
 log = logging.getLogger("compaction_proxy.compactor")
@@ -65,8 +66,10 @@ class Compactor:
         counter: TokenCounter | None = None,
         retention_s: float | None = 30 * 86400,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
-        """``on_event`` is called with every compaction event (metrics); it must not raise."""
+        """``on_event`` is called with every compaction event (metrics); it must not raise.
+        ``tracer``: each compaction attempt gets a span (``proxy.engine.tracing``)."""
         self.settings = settings
         self.store = store
         self.llm = llm
@@ -75,6 +78,7 @@ class Compactor:
         self.counter = self.env.counter
         self.retention_s = retention_s
         self.on_event = on_event
+        self.tracer = tracer
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         # Locks this process took but could not release (the store was down): released as
         # soon as the store answers again, so a restarted Redis that kept them (AOF) does not
@@ -279,7 +283,13 @@ class Compactor:
         """The compaction flow; a crash in it is the last line of failing open."""
         try:
             flow = flow_compact.compact(self.env, prepared, inline=inline, waited=waited)
-            return await self.run(flow)
+            if self.tracer is None:
+                return await self.run(flow)
+            with self.tracer.compaction(inline=inline) as span:
+                outcome = await self.run(flow)
+                if span is not None:
+                    span.outcome(outcome)
+                return outcome
         except Exception as exc:
             log.exception("compaction crashed; request goes through unchanged")
             return nothing(f"internal error: {type(exc).__name__}", failed=True)
