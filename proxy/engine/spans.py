@@ -114,7 +114,7 @@ class RequestTrace:
         try:
             if self.upstream is None:
                 self.upstream = self.tracer.backend.start(
-                    f"upstream {self.route}", "client", {}, parent=self.span
+                    "upstream", "client", {}, parent=self.span
                 )
             headers = {"traceparent": self.upstream.traceparent()}
             state = self.upstream.tracestate()
@@ -164,7 +164,7 @@ class RequestTrace:
             upstream = self.upstream
             if upstream is None:
                 upstream = self.tracer.backend.start(
-                    f"upstream {self.route}", "client", {}, parent=self.span,
+                    "upstream", "client", {}, parent=self.span,
                     start_ns=None if forwarded_at is None else now_ns_at(forwarded_at),
                 )  # fmt: skip
             upstream.set({"http.response.status_code": status})
