@@ -283,5 +283,9 @@ def differences(a: Any, b: Any, where: str = "") -> list[str]:
             for d in differences(a.get(k), b.get(k), f"{where}.{k}")
         ]
     if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
-        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{where}[{i}]")]
+        return [
+            d
+            for i, (x, y) in enumerate(zip(a, b, strict=True))
+            for d in differences(x, y, f"{where}[{i}]")
+        ]
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
