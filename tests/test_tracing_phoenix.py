@@ -289,3 +289,30 @@ def differences(a: Any, b: Any, where: str = "") -> list[str]:
             for d in differences(x, y, f"{where}[{i}]")
         ]
     return [] if a == b else [f"{where}: {a!r} != {b!r}"]
+
+
+def test_grpc_and_content_when_the_operator_asks(phoenix: Phoenix, tmp_path: Path) -> None:
+    """``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` reaches Phoenix's gRPC receiver, and with content
+    capture turned on the forwarded messages are on the request span."""
+    project = "grpc-" + secrets.token_hex(4)
+    env = otel_env(
+        phoenix,
+        project,
+        OTEL_EXPORTER_OTLP_ENDPOINT=phoenix.grpc_url,
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="true",
+    )
+    with ScriptedUpstream() as up:
+        px = ProxyProcess(tmp_path, up.base_url)
+        px.start(env=env)
+        try:
+            client = openai.OpenAI(base_url=px.base_url, api_key="sk-client", max_retries=0)
+            question = "Which ledger column holds the refund id?"
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": question}]
+            )
+            spans = spans_when(phoenix, project, lambda s: len(ours(s)) == 1)
+        finally:
+            px.stop()
+    (span,) = ours(spans)
+    assert question in span["attributes"]["gen_ai.input.messages"]
