@@ -15,13 +15,17 @@ or a batch the collector refused, is counted in
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.sdk.environment_variables import OTEL_TRACES_SAMPLER
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import (
     NonRecordingSpan,
     SpanContext,
@@ -33,18 +37,21 @@ from opentelemetry.trace import (
 )
 from prometheus_client import CollectorRegistry, Counter
 
+from proxy.engine.spans import Root
+
 log = logging.getLogger("compaction_proxy.tracing")
 
 SERVICE_NAME = "compaction-proxy"
 _KINDS = {"server": SpanKind.SERVER, "client": SpanKind.CLIENT, "internal": SpanKind.INTERNAL}
 _HEX = frozenset("0123456789abcdef")
+_UNSET = Status(StatusCode.UNSET)
 
 
-def parent_context(traceparent: str | None, tracestate: str | None) -> Any:
-    """The W3C ``traceparent`` a client sent as an OpenTelemetry context (None when absent or
-    malformed: the span then starts a trace of its own). Parsed by hand: the propagator's
+def parse_traceparent(header: str | None) -> tuple[int, int, bool] | None:
+    """(trace id, parent span id, sampled) of a W3C ``traceparent``; None when absent or
+    malformed (the request then starts a trace of its own). Parsed by hand: the propagator's
     regular expressions cost more than the rest of a span."""
-    parts = traceparent.strip().lower().split("-") if traceparent else []
+    parts = header.strip().lower().split("-") if header else []
     if len(parts) < 4 or (parts[0] == "00" and len(parts) != 4):
         return None
     version, trace_hex, span_hex, flags = parts[:4]
@@ -60,17 +67,16 @@ def parent_context(traceparent: str | None, tracestate: str | None) -> Any:
     trace_id, span_id = int(trace_hex, 16), int(span_hex, 16)
     if not trace_id or not span_id:
         return None
-    state = None
-    if tracestate:
-        try:
-            state = TraceState.from_header([tracestate])
-        except Exception:
-            state = None
-    parent = SpanContext(
-        trace_id, span_id, is_remote=True, trace_flags=TraceFlags(int(flags, 16) & 1),
-        trace_state=state,
-    )  # fmt: skip
-    return trace.set_span_in_context(NonRecordingSpan(parent))
+    return trace_id, span_id, bool(int(flags, 16) & 1)
+
+
+def _state(header: str | None) -> TraceState | None:
+    if not header:
+        return None
+    try:
+        return TraceState.from_header([header])
+    except Exception:
+        return None
 
 
 class _Counted(SpanExporter):
@@ -130,7 +136,7 @@ def _exporter(endpoint: str | None, protocol: str) -> SpanExporter:
 
 
 class Span:
-    """One recording span, as ``proxy.engine.tracing`` uses it."""
+    """One recording span (compactions, detector and summarizer calls)."""
 
     __slots__ = ("_span",)
 
@@ -142,15 +148,6 @@ class Span:
 
     def event(self, name: str, attributes: Mapping[str, Any]) -> None:
         self._span.add_event(name, attributes)
-
-    def traceparent(self) -> str:
-        """This span as the W3C ``traceparent`` of a request it makes."""
-        c = self._span.get_span_context()
-        return f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}"
-
-    def tracestate(self) -> str | None:
-        state = self._span.get_span_context().trace_state
-        return state.to_header() if state else None
 
     def fail(self, error_type: str) -> None:
         self._span.set_status(Status(StatusCode.ERROR, error_type))
@@ -174,37 +171,93 @@ class OtlpBackend:
         )
         for reason in ("queue_full", "export_failed"):
             self.dropped.labels(reason)
-        # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES still apply (Resource.create).
-        resource = Resource.create({"service.name": SERVICE_NAME})
-        self.provider = TracerProvider(resource=resource)
+        # A full queue is counted in the metric above, not logged once per span dropped.
+        logging.getLogger("opentelemetry.sdk._shared_internal").setLevel(logging.ERROR)
+        # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES still apply (Resource.create), and
+        # OTEL_TRACES_SAMPLER (the provider's sampler, asked once per request).
+        self.resource = Resource.create({"service.name": SERVICE_NAME})
+        self.provider = TracerProvider(resource=self.resource)
         exporter = _Counted(_exporter(endpoint, protocol), self._drop)
-        self.provider.add_span_processor(_CountedBatch(exporter, self._drop))
+        self.processor = _CountedBatch(exporter, self._drop)
+        self.provider.add_span_processor(self.processor)
         self._tracer = self.provider.get_tracer("compaction_proxy")
+        self._scope = InstrumentationScope("compaction_proxy")
+        self._ids = RandomIdGenerator()
+        sampler = os.environ.get(OTEL_TRACES_SAMPLER, "parentbased_always_on").strip().lower()
+        self._custom_sampler = sampler != "parentbased_always_on"
 
     def _drop(self, reason: str, n: int) -> None:
         self.dropped.labels(reason).inc(n)
 
-    def start(
+    def new_span_id(self) -> int:
+        return self._ids.generate_span_id()
+
+    def root(self, name: str, traceparent: str | None, tracestate: str | None) -> Root:
+        """A request span's ids: under the client's span when its ``traceparent`` is valid,
+        sampled as the provider's sampler decides (by default: as the client's is)."""
+        client = parse_traceparent(traceparent)
+        span_id = self._ids.generate_span_id()
+        if client is None:
+            trace_id, parent_id, sampled, context = self._ids.generate_trace_id(), None, True, None
+        else:
+            trace_id, parent_id, sampled = client
+            if self._custom_sampler:
+                flags = TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT)
+                remote = SpanContext(trace_id, parent_id, True, flags, _state(tracestate))
+                context = trace.set_span_in_context(NonRecordingSpan(remote))
+        if self._custom_sampler:
+            found = self.provider.sampler.should_sample(context, trace_id, name, SpanKind.SERVER)
+            sampled = found.decision.is_sampled()
+        # The default sampler (parent-based, else always on) decided above without a call.
+        return Root(trace_id, span_id, parent_id, sampled,
+                    tracestate if client is not None else None)  # fmt: skip
+
+    def emit(
         self,
         name: str,
         kind: str,
+        trace_id: int,
+        span_id: int,
+        parent_id: int | None,
+        start_ns: int,
+        end_ns: int,
         attributes: Mapping[str, Any],
+        error: str | None = None,
         *,
-        parent: Any = None,
-        traceparent: str | None = None,
-        tracestate: str | None = None,
-        start_ns: int | None = None,
-    ) -> Span:
-        """A new span: a child of ``parent`` (a ``Span``), else of the client's ``traceparent``, else the
-        root of a new trace."""
-        if parent is not None:
+        remote_parent: bool = False,
+    ) -> None:
+        """A finished span, straight to the batch processor: made from plain values in one
+        step, without the SDK's live span (its locks and per-attribute checks cost tens of
+        microseconds; our attributes are plain strings, numbers and booleans already)."""
+        sampled = TraceFlags(TraceFlags.SAMPLED)
+        parent = None
+        if parent_id is not None:
+            parent = SpanContext(trace_id, parent_id, remote_parent, sampled)
+        status = Status(StatusCode.ERROR, error) if error else _UNSET
+        span = ReadableSpan(
+            name,
+            context=SpanContext(trace_id, span_id, False, sampled),
+            parent=parent,
+            resource=self.resource,
+            attributes=attributes,
+            kind=_KINDS[kind],
+            status=status,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=self._scope,
+        )
+        self.processor.on_end(span)
+
+    def start(self, name: str, kind: str, attributes: Mapping[str, Any], *, parent: Any) -> Span:
+        """A live span under ``parent`` (a ``Span``, or a request's ``Root``)."""
+        if isinstance(parent, Span):
             context = trace.set_span_in_context(parent._span)
         else:
-            context = parent_context(traceparent, tracestate)
-        span = self._tracer.start_span(
-            name, context=context, kind=_KINDS[kind], attributes=attributes, start_time=start_ns
-        )
-        return Span(span)
+            flags = TraceFlags(TraceFlags.SAMPLED if parent.sampled else TraceFlags.DEFAULT)
+            remote = SpanContext(parent.trace_id, parent.span_id, False, flags)
+            context = trace.set_span_in_context(NonRecordingSpan(remote))
+        kind_ = _KINDS[kind]
+        return Span(self._tracer.start_span(name, context, kind_, attributes=attributes))
 
     def shutdown(self) -> None:
         """Export what is queued (bounded by the exporter's timeout) and stop."""

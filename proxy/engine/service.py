@@ -160,8 +160,6 @@ class Service:
             prepared = None
         call = Call(route, prepared, started, trace=trace)
         call.forwarding()
-        if trace is not None:
-            trace.prepared(prepared, call.overhead_s)
         return call
 
     async def _prepare(self, incoming: Incoming, controls: Any) -> Prepared:
@@ -247,8 +245,9 @@ class Service:
             log.exception("after-response handling failed")
         if call.trace is not None:
             call.trace.finish(
-                call.prepared, usage, status, response_model, call.started + call.overhead_s
-            )
+                call.prepared, usage, status, response_model,
+                call.started + call.overhead_s, call.overhead_s,
+            )  # fmt: skip
 
     def _finish(self, call: Call, usage: Any, status: int, upstream_s: float | None) -> None:
         prepared = call.prepared

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -24,13 +25,23 @@ CONTENT_LIMIT = 64 * 1024  # characters of captured content per attribute
 _ANTHROPIC_ROUTES = frozenset({"messages"})
 
 
+@dataclass(frozen=True)
+class Root:
+    """A request span's identity, drawn when the request arrives: the client's trace (or a
+    new one), whether it is sampled, this span's id and the client's span it continues."""
+
+    trace_id: int
+    span_id: int
+    parent_id: int | None
+    sampled: bool
+    tracestate: str | None = None
+
+
 class SpanHandle(Protocol):
     """A recording span (``proxy.adapters.otel.Span``)."""
 
     def set(self, attributes: Mapping[str, Any]) -> None: ...
     def event(self, name: str, attributes: Mapping[str, Any]) -> None: ...
-    def traceparent(self) -> str: ...
-    def tracestate(self) -> str | None: ...
     def fail(self, error_type: str) -> None: ...
     def end(self, end_ns: int | None = None) -> None: ...
 
@@ -44,11 +55,26 @@ class Backend(Protocol):
         kind: str,
         attributes: Mapping[str, Any],
         *,
-        parent: SpanHandle | None = None,
-        traceparent: str | None = None,
-        tracestate: str | None = None,
-        start_ns: int | None = None,
+        parent: SpanHandle | Root,
     ) -> SpanHandle: ...
+
+    def root(self, name: str, traceparent: str | None, tracestate: str | None) -> Root: ...
+    def new_span_id(self) -> int: ...
+
+    def emit(
+        self,
+        name: str,
+        kind: str,
+        trace_id: int,
+        span_id: int,
+        parent_id: int | None,
+        start_ns: int,
+        end_ns: int,
+        attributes: Mapping[str, Any],
+        error: str | None = None,
+        *,
+        remote_parent: bool = False,
+    ) -> None: ...
 
     def shutdown(self) -> None: ...
 
@@ -81,45 +107,43 @@ def content(value: Any) -> str:
 
 
 class RequestTrace:
-    """The spans of one client request, between ``Service.begin`` and ``finish``."""
+    """The spans of one client request, between ``Service.begin`` and ``finish``.
 
-    __slots__ = ("tracer", "span", "route", "upstream")
+    Cheap on the request path: ``begin`` only draws the ids (``Root``) and ``upstream_headers``
+    formats a ``traceparent``; both spans are made and handed to the exporter in one go by
+    ``finish``, once the client has its answer (the SDK's own span objects cost tens of
+    microseconds a request on the event loop; #27 allows 0.1 ms for all of tracing).
+    """
 
-    def __init__(self, tracer: Spans, span: SpanHandle, route: str) -> None:
-        self.tracer, self.span, self.route = tracer, span, route
-        self.upstream: SpanHandle | None = None
+    __slots__ = (
+        "tracer", "root", "route", "model", "tenant", "started", "upstream_id", "upstream_ns",
+    )  # fmt: skip
 
-    def prepared(self, prepared: Any, overhead_s: float) -> None:
-        """What ``begin`` decided (``prepared`` None: the core failed, forwarded as sent)."""
-        if prepared is None:
-            safely(self.span.set, {"compaction_proxy.case": "error"})
-            return
-        attributes = {
-            "gen_ai.conversation.id": prepared.conversation,
-            "compaction_proxy.case": prepared.case,
-            "compaction_proxy.tokens.original": prepared.original_tokens,
-            "compaction_proxy.tokens.forwarded": prepared.forwarded_tokens,
-            "gen_ai.conversation.compacted": prepared.case in COMPACTION_CASES,
-            "compaction_proxy.overhead_ms": round(overhead_s * 1000, 3),
-        }
-        if prepared.record is not None:
-            attributes["compaction_proxy.record"] = prepared.record.prefix_hash
-        if self.tracer.capture_content:
-            attributes["gen_ai.input.messages"] = content(prepared.forwarded)
-        safely(self.span.set, attributes)
+    def __init__(
+        self, tracer: Spans, root: Root, route: str, model: str, tenant: str, started: float
+    ) -> None:
+        self.tracer, self.root, self.route = tracer, root, route
+        self.model, self.tenant, self.started = model, tenant, started
+        self.upstream_id: int | None = None
+        self.upstream_ns: int | None = None
+
+    @property
+    def span(self) -> Root:
+        """What compaction and LLM spans of this request go under."""
+        return self.root
 
     def upstream_headers(self) -> dict[str, str]:
-        """Starts the upstream call's span (once): the ``traceparent`` (and ``tracestate``)
-        headers the forwarded request carries."""
+        """The ``traceparent`` (and ``tracestate``) of the upstream call's span (which starts
+        now), for the forwarded request."""
         try:
-            if self.upstream is None:
-                self.upstream = self.tracer.backend.start(
-                    "upstream", "client", {}, parent=self.span
-                )
-            headers = {"traceparent": self.upstream.traceparent()}
-            state = self.upstream.tracestate()
-            if state:
-                headers["tracestate"] = state
+            root = self.root
+            if self.upstream_id is None:
+                self.upstream_id = self.tracer.backend.new_span_id()
+                self.upstream_ns = time.time_ns()
+            flags = "01" if root.sampled else "00"
+            headers = {"traceparent": f"00-{root.trace_id:032x}-{self.upstream_id:016x}-{flags}"}
+            if root.tracestate:
+                headers["tracestate"] = root.tracestate
             return headers
         except Exception:
             log.warning("could not start the upstream span", exc_info=True)
@@ -132,52 +156,87 @@ class RequestTrace:
         status: int,
         response_model: str | None,
         forwarded_at: float | None = None,
+        overhead_s: float = 0.0,
     ) -> None:
-        """``forwarded_at``: when the request went upstream (perf_counter), for an upstream
-        span ``upstream_headers`` did not start."""
+        """Both spans, ended now. ``forwarded_at``: when the request went upstream
+        (perf_counter), for an upstream span ``upstream_headers`` did not start."""
+        if not self.root.sampled:
+            return
         try:
-            prompt, cached, written, completion = usage_numbers(usage)
-            attributes: dict[str, Any] = {"http.response.status_code": status}
-            if usage is not None:
-                attributes |= {
-                    "gen_ai.usage.input_tokens": prompt,
-                    "gen_ai.usage.output_tokens": completion,
-                    "gen_ai.usage.cache_read.input_tokens": cached,
-                    "gen_ai.usage.cache_creation.input_tokens": written,
-                }
-            if response_model:
-                attributes["gen_ai.response.model"] = response_model
-            if prepared is not None and usage is not None:
-                prices = costs.prices_for(prepared.model)
-                if prices.known:
-                    saved = (
-                        0
-                        if prepared.shadow
-                        else prepared.original_tokens - prepared.forwarded_tokens
-                    )
-                    billed = costs.input_cost(prices, prompt, cached, written)
-                    billed += completion * prices.output
-                    attributes["compaction_proxy.usd.billed"] = round(billed, 8)
-                    attributes["compaction_proxy.usd.saved"] = round(
-                        max(saved, 0) * prices.input, 8
-                    )
-            upstream = self.upstream
-            if upstream is None:
-                upstream = self.tracer.backend.start(
-                    "upstream", "client", {}, parent=self.span,
-                    start_ns=None if forwarded_at is None else now_ns_at(forwarded_at),
-                )  # fmt: skip
-            upstream.set({"http.response.status_code": status})
-            self.span.set(attributes)
-            if status >= 400:
-                error = "client_closed" if status == 499 else str(status)
-                upstream.fail(error)
-                self.span.fail(error)
-                self.span.set({"error.type": error})
-            upstream.end()
-            self.span.end()
+            self._emit(prepared, usage, status, response_model, forwarded_at, overhead_s)
         except Exception:
-            log.warning("could not end a request span", exc_info=True)
+            log.warning("could not export a request's spans", exc_info=True)
+
+    def _emit(
+        self,
+        prepared: Any,
+        usage: Any,
+        status: int,
+        response_model: str | None,
+        forwarded_at: float | None,
+        overhead_s: float,
+    ) -> None:
+        backend, root = self.tracer.backend, self.root
+        attributes = self._attributes(prepared, usage, status, response_model, overhead_s)
+        error = None
+        if status >= 400:
+            error = "client_closed" if status == 499 else str(status)
+            attributes["error.type"] = error
+        end = time.time_ns()
+        upstream_ns = self.upstream_ns
+        if upstream_ns is None:
+            upstream_ns = end if forwarded_at is None else now_ns_at(forwarded_at)
+        backend.emit(
+            "upstream", "client", root.trace_id, self.upstream_id or backend.new_span_id(),
+            root.span_id, upstream_ns, end, {"http.response.status_code": status}, error,
+        )  # fmt: skip
+        backend.emit(
+            f"chat {self.model}", "server", root.trace_id, root.span_id, root.parent_id,
+            now_ns_at(self.started), end, attributes, error, remote_parent=True,
+        )  # fmt: skip
+
+    def _attributes(
+        self, prepared: Any, usage: Any, status: int, response_model: str | None, overhead_s: float
+    ) -> dict[str, Any]:
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": provider_name(self.route, self.model),
+            "gen_ai.request.model": self.model,
+            "compaction_proxy.route": self.route,
+            "compaction_proxy.tenant": self.tenant,
+            "compaction_proxy.overhead_ms": round(overhead_s * 1000, 3),
+            "http.response.status_code": status,
+        }
+        if response_model:
+            attributes["gen_ai.response.model"] = response_model
+        prompt, cached, written, completion = usage_numbers(usage)
+        if usage is not None:
+            attributes["gen_ai.usage.input_tokens"] = prompt
+            attributes["gen_ai.usage.output_tokens"] = completion
+            attributes["gen_ai.usage.cache_read.input_tokens"] = cached
+            attributes["gen_ai.usage.cache_creation.input_tokens"] = written
+        if prepared is None:
+            attributes["compaction_proxy.case"] = "error"
+            return attributes
+        attributes["gen_ai.conversation.id"] = prepared.conversation
+        attributes["compaction_proxy.case"] = prepared.case
+        attributes["compaction_proxy.tokens.original"] = prepared.original_tokens
+        attributes["compaction_proxy.tokens.forwarded"] = prepared.forwarded_tokens
+        attributes["gen_ai.conversation.compacted"] = prepared.case in COMPACTION_CASES
+        if prepared.record is not None:
+            attributes["compaction_proxy.record"] = prepared.record.prefix_hash
+        if self.tracer.capture_content:
+            attributes["gen_ai.input.messages"] = content(prepared.forwarded)
+        if usage is not None:
+            prices = costs.prices_for(prepared.model)
+            if prices.known:
+                saved = prepared.original_tokens - prepared.forwarded_tokens
+                saved = 0 if prepared.shadow else saved
+                billed = costs.input_cost(prices, prompt, cached, written)
+                billed += completion * prices.output
+                attributes["compaction_proxy.usd.billed"] = round(billed, 8)
+                attributes["compaction_proxy.usd.saved"] = round(max(saved, 0) * prices.input, 8)
+        return attributes
 
 
 class CompactionTrace:

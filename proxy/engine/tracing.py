@@ -41,8 +41,8 @@ from proxy.engine.spans import (
     Backend,
     CompactionTrace,
     RequestTrace,
+    Root,
     SpanHandle,
-    now_ns_at,
     provider_name,
     safely,
 )
@@ -57,7 +57,7 @@ EXTRA = "pip install 'compaction-proxy[otel]'"
 
 # The span new detector/summarizer and compaction spans go under: the request's, set by the
 # service around ``prepare`` and ``schedule`` (a background compaction's task copies it).
-CURRENT: ContextVar[SpanHandle | None] = ContextVar("compaction_proxy_span", default=None)
+CURRENT: ContextVar[SpanHandle | Root | None] = ContextVar("compaction_proxy_span", default=None)
 
 
 @dataclass(frozen=True)
@@ -139,24 +139,11 @@ class Tracer:
         traceparent: str | None = None,
         tracestate: str | None = None,
     ) -> RequestTrace | None:
-        """The span of one client request that arrived at ``started`` (perf_counter)."""
+        """The span of one client request that arrived at ``started`` (perf_counter): in the
+        client's trace when ``traceparent`` is a valid one."""
         try:
-            attributes = {
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": provider_name(route, model),
-                "gen_ai.request.model": model,
-                "compaction_proxy.route": route,
-                "compaction_proxy.tenant": tenant,
-            }
-            span = self.backend.start(
-                f"chat {model}",
-                "server",
-                attributes,
-                traceparent=traceparent,
-                tracestate=tracestate,
-                start_ns=now_ns_at(started),
-            )
-            return RequestTrace(self, span, route)
+            root = self.backend.root(f"chat {model}", traceparent, tracestate)
+            return RequestTrace(self, root, route, model, tenant, started)
         except Exception:
             log.warning("could not start a request span", exc_info=True)
             return None
