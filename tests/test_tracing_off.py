@@ -199,3 +199,31 @@ def test_content_is_exported_only_when_the_operator_turns_it_on() -> None:
     assert found is not None and found.capture_content is True
     found = target(Tracing(endpoint="http://c", capture_content=True), {})
     assert found is not None and found.capture_content is True
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", True),
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00", False),
+        (None, None),
+        ("", None),
+        ("garbage", None),
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7", None),  # no flags
+        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),  # zero trace id
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01", None),  # zero span id
+        ("ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", None),  # forbidden version
+        ("00-4bf92f3577b34da6a3ce929d0e0e473x-00f067aa0ba902b7-01", None),  # not hex
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra", None),
+    ],
+)
+def test_a_client_traceparent_is_continued_only_when_valid(
+    header: str | None, expected: bool | None
+) -> None:
+    from proxy.adapters.otel import parse_traceparent
+
+    found = parse_traceparent(header)
+    if expected is None:
+        assert found is None
+    else:
+        assert found == (0x4BF92F3577B34DA6A3CE929D0E0E4736, 0x00F067AA0BA902B7, expected)

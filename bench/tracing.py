@@ -1,0 +1,149 @@
+"""What traces cost in the hot path: the proxy's added latency with tracing off and on, side by
+side (issue #27).
+
+    python -m bench.tracing [--smoke] [--rounds N] [--json PATH]
+
+Rows, measured in alternation for ``--rounds`` rounds (so a machine that gets busier during
+the run weighs on every row alike), each with the same request body sent back to back by
+``bench.loadgen`` to the fast fixed-reply upstream (``bench.upstream_fast``):
+
+- ``direct``: straight to the upstream, the baseline of "added";
+- ``proxy, tracing off``: no ``OTEL_*`` variable (no OpenTelemetry module is loaded);
+- ``proxy, tracing on``: ``OTEL_EXPORTER_OTLP_ENDPOINT`` set to ``bench.otlp_sink`` (an OTLP
+  receiver that answers at once), default batching (``BatchSpanProcessor``, 5 s delay).
+
+Each cell is a fresh proxy process (one worker). Reported per row: the median over rounds of
+the cell's p50 and p99 latency, and the added p50 (row minus direct, per round, median).
+The acceptance bound of #27 is "tracing on adds at most 0.1 ms to the added p50".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.overhead import (
+    FULL,
+    MEASURE_COMPACTION,
+    PLAIN_KEY,
+    SMOKE,
+    FastUpstream,
+    Profile,
+    load,
+    request_body,
+    settle,
+    start_ready,
+)
+from bench.overhead import _stop as stop_process
+from tests.proxyproc import ProxyProcess
+
+ROWS = ("direct", "proxy, tracing off", "proxy, tracing on")
+
+
+def cell(
+    row: str, work: Path, upstream: FastUpstream, sink_port: int, body: Path, c: int, p: Profile
+) -> dict[str, Any]:
+    """One load run of ``row`` at concurrency ``c``."""
+    if row == "direct":
+        return load(upstream.port, body, PLAIN_KEY, c, p)
+    tmp = Path(tempfile.mkdtemp(dir=work))
+    env = {}
+    if row == "proxy, tracing on":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
+    proxy = ProxyProcess(tmp, upstream.base_url, compaction=MEASURE_COMPACTION)
+    proxy.start(env=env)
+    try:
+        assert proxy.proc is not None
+        settle(proxy.proc.pid)
+        result = load(proxy.port, body, PLAIN_KEY, c, p, watch=(proxy.proc.pid,))
+        traced = "exporting traces" in proxy.logs()
+        assert traced == (row == "proxy, tracing on"), proxy.logs()[-2000:]
+        return result
+    finally:
+        proxy.stop()
+
+
+def run(profile: Profile, rounds: int, concurrency: tuple[int, ...]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp_name:
+        work = Path(tmp_name)
+        upstream = FastUpstream(work / "upstream.log").start()
+        sink, sink_port = start_ready(["bench.otlp_sink"], work / "sink.log", "otlp sink")
+        body = work / "body.json"
+        body.write_bytes(request_body(profile.small, stream=False))
+        cells: dict[str, list[dict[str, Any]]] = {}
+        try:
+            for c in concurrency:
+                for _ in range(rounds):
+                    for row in ROWS:
+                        result = cell(row, work, upstream, sink_port, body, c, profile)
+                        cells.setdefault(f"{row}|{c}", []).append(result)
+        finally:
+            upstream.stop()
+            stop_process(sink)
+        sink_log = (work / "sink.log").read_text(errors="replace").strip()
+    return {"profile": profile.name, "rounds": rounds, "cells": cells, "sink": sink_log}
+
+
+def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per row and concurrency: median p50/p99 over rounds and the median added p50."""
+    out = []
+    cells = results["cells"]
+    for key in cells:
+        row, c = key.split("|")
+        direct = cells[f"direct|{c}"]
+        runs = cells[key]
+        added = [r["p50_ms"] - d["p50_ms"] for r, d in zip(runs, direct, strict=True)]
+        out.append(
+            {
+                "row": row,
+                "concurrency": int(c),
+                "p50_ms": statistics.median(r["p50_ms"] for r in runs),
+                "p99_ms": statistics.median(r["p99_ms"] for r in runs),
+                "added_p50_ms": statistics.median(added),
+                "requests": sum(r.get("requests", 0) for r in runs),
+            }
+        )
+    return out
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        "| row | concurrency | p50 ms | p99 ms | added p50 ms | requests |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['row']} | {r['concurrency']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
+            f"{r['added_p50_ms']:.3f} | {r['requests']} |"
+        )
+    by = {(r["row"], r["concurrency"]): r for r in rows}
+    for c in sorted({r["concurrency"] for r in rows}):
+        off, on = by.get((ROWS[1], c)), by.get((ROWS[2], c))
+        if off and on:
+            delta = on["added_p50_ms"] - off["added_p50_ms"]
+            lines.append(f"\nconcurrency {c}: tracing on adds {delta:+.3f} ms to the added p50")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--smoke", action="store_true", help="a few requests per cell")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--json", type=Path, help="write the raw cells here")
+    args = parser.parse_args(argv)
+    profile = SMOKE if args.smoke else FULL
+    results = run(profile, args.rounds, tuple(args.concurrency))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    print(markdown(summary(results)))
+    print(results["sink"])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
