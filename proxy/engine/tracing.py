@@ -13,7 +13,7 @@ Spans of one request:
   (operation, provider, request and response model, input/output and cache tokens,
   conversation id) and ours (``compaction_proxy.*``: case, tokens before and after, the
   dollars saved and billed, the tenant's hash);
-- ``upstream {route}`` (client): the forwarded call; its ``traceparent`` goes upstream, in the
+- ``upstream`` (client): the forwarded call; its ``traceparent`` goes upstream, in the
   client's trace when the client sent one;
 - ``compaction`` (internal): a compaction run for this request, inline or in the background
   after it, with a ``gen_ai.conversation.compacted`` event naming the facts it dropped by id
