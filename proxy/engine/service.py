@@ -153,8 +153,11 @@ class Service:
                 messages=incoming.messages,
                 stateful=incoming.stateful,
             )
-            with current(trace):  # an inline compaction's spans go under the request's
+            if trace is None:  # (no context manager at all on the untraced path)
                 prepared = await self._prepare(incoming, controls)
+            else:
+                with current(trace):  # an inline compaction's spans go under the request's
+                    prepared = await self._prepare(incoming, controls)
         except Exception:  # fail open: a compaction problem never fails the request
             log.exception("compaction core failed; forwarding unchanged")
             prepared = None
@@ -238,9 +241,12 @@ class Service:
             return
         call.finished = True
         try:
-            # A background compaction's spans go under this request's (its task copies it).
-            with current(call.trace):
+            if call.trace is None:
                 self._finish(call, usage, status, upstream_s)
+            else:
+                # A background compaction's spans go under this request's (its task copies it).
+                with current(call.trace):
+                    self._finish(call, usage, status, upstream_s)
         except Exception:
             log.exception("after-response handling failed")
         if call.trace is not None:
