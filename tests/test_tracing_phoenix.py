@@ -316,3 +316,37 @@ def test_grpc_and_content_when_the_operator_asks(phoenix: Phoenix, tmp_path: Pat
             px.stop()
     (span,) = ours(spans)
     assert question in span["attributes"]["gen_ai.input.messages"]
+
+
+def test_a_background_compaction_joins_the_trace_of_the_request_that_scheduled_it(
+    phoenix: Phoenix, tmp_path: Path
+) -> None:
+    project = "background-" + secrets.token_hex(4)
+    trace = secrets.token_hex(16)
+    background = {**COMPACTION, "mode": "background"}
+    with ScriptedUpstream(summarizer=short_summary) as up:
+        px = ProxyProcess(tmp_path, up.base_url, compaction=background)
+        px.start(env=otel_env(phoenix, project))
+        try:
+            client = openai.OpenAI(
+                base_url=px.base_url,
+                api_key="sk-client",
+                max_retries=0,
+                default_headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
+            )
+            headers = converse(client)
+            spans = spans_when(
+                phoenix, project, lambda s: all_arrived(s) and any(x["events"] for x in s)
+            )
+        finally:
+            px.stop()
+    assert "summarize" in [h["x-compaction-case"] for h in headers]  # used once it was made
+    compactions = [s for s in spans if s["name"] == "compaction" and s["events"]]
+    assert compactions, [s["name"] for s in spans]
+    requests = {s["context"]["span_id"]: s for s in ours(spans)}
+    for compaction in compactions:
+        scheduled_by = requests[compaction["parent_id"]]  # a request span of this trace
+        assert compaction["context"]["trace_id"] == trace
+        assert scheduled_by["attributes"]["compaction_proxy.case"] == "none"
+        assert compaction["attributes"]["compaction_proxy.inline"] is False
+        assert compaction["start_time"] >= scheduled_by["start_time"]
