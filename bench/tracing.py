@@ -10,7 +10,9 @@ the run weighs on every row alike), each with the same request body sent back to
 - ``direct``: straight to the upstream, the baseline of "added";
 - ``proxy, tracing off``: no ``OTEL_*`` variable (no OpenTelemetry module is loaded);
 - ``proxy, tracing on``: ``OTEL_EXPORTER_OTLP_ENDPOINT`` set to ``bench.otlp_sink`` (an OTLP
-  receiver that answers at once), default batching (``BatchSpanProcessor``, 5 s delay).
+  receiver that answers at once), default batching (``BatchSpanProcessor``, 5 s delay);
+- ``proxy, before``: with ``--before DIR``, the proxy of another source tree (``git archive
+  <commit> | tar -x -C DIR``: the code before tracing existed), for "off costs nothing".
 
 Each cell is a fresh proxy process (one worker). Reported per row: the median over rounds of
 the cell's p50 and p99 latency, and the added p50 (row minus direct, per round, median).
@@ -42,16 +44,26 @@ from bench.overhead import _stop as stop_process
 from tests.proxyproc import ProxyProcess
 
 ROWS = ("direct", "proxy, tracing off", "proxy, tracing on")
+BEFORE = "proxy, before"
 
 
 def cell(
-    row: str, work: Path, upstream: FastUpstream, sink_port: int, body: Path, c: int, p: Profile
+    row: str,
+    work: Path,
+    upstream: FastUpstream,
+    sink_port: int,
+    body: Path,
+    c: int,
+    p: Profile,
+    before: Path | None = None,
 ) -> dict[str, Any]:
     """One load run of ``row`` at concurrency ``c``."""
     if row == "direct":
         return load(upstream.port, body, PLAIN_KEY, c, p)
     tmp = Path(tempfile.mkdtemp(dir=work))
     env = {}
+    if row == BEFORE and before is not None:
+        env["PYTHONPATH"] = str(before)  # its ``proxy`` package instead of this one
     if row == "proxy, tracing on":
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
     proxy = ProxyProcess(tmp, upstream.base_url, compaction=MEASURE_COMPACTION)
@@ -67,7 +79,9 @@ def cell(
         proxy.stop()
 
 
-def run(profile: Profile, rounds: int, concurrency: tuple[int, ...]) -> dict[str, Any]:
+def run(
+    profile: Profile, rounds: int, concurrency: tuple[int, ...], before: Path | None = None
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-tracing-") as tmp_name:
         work = Path(tmp_name)
         upstream = FastUpstream(work / "upstream.log").start()
@@ -78,8 +92,8 @@ def run(profile: Profile, rounds: int, concurrency: tuple[int, ...]) -> dict[str
         try:
             for c in concurrency:
                 for _ in range(rounds):
-                    for row in ROWS:
-                        result = cell(row, work, upstream, sink_port, body, c, profile)
+                    for row in (*ROWS, BEFORE) if before else ROWS:
+                        result = cell(row, work, upstream, sink_port, body, c, profile, before)
                         cells.setdefault(f"{row}|{c}", []).append(result)
         finally:
             upstream.stop()
@@ -110,7 +124,16 @@ def summary(results: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def markdown(rows: list[dict[str, Any]]) -> str:
+def paired(results: dict[str, Any], row: str, base: str, c: int) -> float | None:
+    """Median over rounds of ``row``'s p50 minus ``base``'s p50 in the same round."""
+    cells = results["cells"]
+    rows, bases = cells.get(f"{row}|{c}"), cells.get(f"{base}|{c}")
+    if not rows or not bases:
+        return None
+    return statistics.median(r["p50_ms"] - b["p50_ms"] for r, b in zip(rows, bases, strict=True))
+
+
+def markdown(rows: list[dict[str, Any]], results: dict[str, Any]) -> str:
     lines = [
         "| row | concurrency | p50 ms | p99 ms | added p50 ms | requests |",
         "|---|---:|---:|---:|---:|---:|",
@@ -120,12 +143,14 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['row']} | {r['concurrency']} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} | "
             f"{r['added_p50_ms']:.3f} | {r['requests']} |"
         )
-    by = {(r["row"], r["concurrency"]): r for r in rows}
+    lines.append("")
     for c in sorted({r["concurrency"] for r in rows}):
-        off, on = by.get((ROWS[1], c)), by.get((ROWS[2], c))
-        if off and on:
-            delta = on["added_p50_ms"] - off["added_p50_ms"]
-            lines.append(f"\nconcurrency {c}: tracing on adds {delta:+.3f} ms to the added p50")
+        on = paired(results, ROWS[2], ROWS[1], c)
+        if on is not None:
+            lines.append(f"- concurrency {c}: tracing on - off, same round: {on:+.3f} ms")
+        old = paired(results, ROWS[1], BEFORE, c)
+        if old is not None:
+            lines.append(f"- concurrency {c}: tracing off - before, same round: {old:+.3f} ms")
     return "\n".join(lines)
 
 
@@ -135,12 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--json", type=Path, help="write the raw cells here")
+    parser.add_argument("--before", type=Path, help="a source tree to compare 'off' with")
     args = parser.parse_args(argv)
     profile = SMOKE if args.smoke else FULL
-    results = run(profile, args.rounds, tuple(args.concurrency))
+    results = run(profile, args.rounds, tuple(args.concurrency), args.before)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
-    print(markdown(summary(results)))
+    print(markdown(summary(results), results))
     print(results["sink"])
     return 0
 
