@@ -45,6 +45,7 @@ from tests.proxyproc import ProxyProcess
 
 ROWS = ("direct", "proxy, tracing off", "proxy, tracing on")
 BEFORE = "proxy, before"
+EXTRA_ENV: dict[str, str] = {}  # --otel-env: more OTEL_* settings for the traced row
 
 
 def cell(
@@ -66,6 +67,7 @@ def cell(
         env["PYTHONPATH"] = str(before)  # its ``proxy`` package instead of this one
     if row == "proxy, tracing on":
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{sink_port}"
+        env.update(EXTRA_ENV)
     proxy = ProxyProcess(tmp, upstream.base_url, compaction=MEASURE_COMPACTION)
     proxy.start(env=env)
     try:
@@ -161,8 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--json", type=Path, help="write the raw cells here")
     parser.add_argument("--before", type=Path, help="a source tree to compare 'off' with")
+    parser.add_argument("--otel-env", nargs="*", default=[], help="NAME=VALUE for the traced row")
     args = parser.parse_args(argv)
     profile = SMOKE if args.smoke else FULL
+    EXTRA_ENV.update(item.split("=", 1) for item in args.otel_env)
     results = run(profile, args.rounds, tuple(args.concurrency), args.before)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1))
