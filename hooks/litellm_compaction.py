@@ -14,7 +14,15 @@ from typing import Any
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.proxy._types import ProxyException
 
-from hooks.litellm_payload import ROUTE, describe, failure_status, is_client_chat, seconds, usage_of
+from hooks.litellm_payload import (
+    ROUTE,
+    describe,
+    failure_status,
+    is_client_chat,
+    response_model,
+    seconds,
+    usage_of,
+)
 from hooks.litellm_service import Calls, Starter
 from proxy.config import Config
 from proxy.engine.service import Service, record_rejection, too_long
@@ -46,6 +54,8 @@ class CompactionHook(CustomLogger):
             raise ProxyException(message=str(error), type=error.type, param=None, code=error.status)
         if call.prepared is not None and call.prepared.changed:
             data["messages"] = call.prepared.forwarded
+        if trace_headers := call.trace_headers():  # traced: the upstream joins the trace
+            data["extra_headers"] = {**(data.get("extra_headers") or {}), **trace_headers}
         self.calls.add(data, call)
         return data
 
@@ -57,8 +67,9 @@ class CompactionHook(CustomLogger):
     async def async_log_success_event(
         self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any
     ) -> None:
-        upstream_s = seconds(start_time, end_time)
-        self.calls.finish(kwargs, self.starter.current, usage_of(response_obj), 200, upstream_s)
+        upstream_s, usage = seconds(start_time, end_time), usage_of(response_obj)
+        model = response_model(response_obj)
+        self.calls.finish(kwargs, self.starter.current, usage, 200, upstream_s, model)
 
     async def async_log_failure_event(
         self, kwargs: Any, response_obj: Any, start_time: Any, end_time: Any

@@ -71,6 +71,8 @@ def describe(data: Mapping[str, Any], user_api_key_dict: Any) -> Incoming:
         compaction_header=headers.get("x-compaction"),
         conversation_header=headers.get("x-conversation-id"),
         counted_model=underlying_model(model),
+        traceparent=headers.get("traceparent"),
+        tracestate=headers.get("tracestate"),
     )
 
 
@@ -82,6 +84,14 @@ def usage_of(response: Any) -> dict[str, Any] | None:
     if usage is not None and hasattr(usage, "model_dump"):
         usage = usage.model_dump()
     return usage if isinstance(usage, dict) else None
+
+
+def response_model(response: Any) -> str | None:
+    """The model a LiteLLM response names, or None."""
+    model = getattr(response, "model", None)
+    if model is None and isinstance(response, dict):
+        model = response.get("model")
+    return model if isinstance(model, str) and model else None
 
 
 def failure_status(kwargs: Mapping[str, Any]) -> int:

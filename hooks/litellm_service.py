@@ -173,11 +173,12 @@ class Calls:
         usage: Any,
         status: int,
         upstream_s: float | None,
+        model: str | None = None,
     ) -> None:
         """End the call of LiteLLM's log event ``kwargs`` (never raises)."""
         call = self.pop(kwargs)
         if call is not None and service is not None:
-            service.finish(call, usage, status, upstream_s=upstream_s)
+            service.finish(call, usage, status, upstream_s=upstream_s, response_model=model)
 
     def __contains__(self, call_id: object) -> bool:
         return call_id in self._calls

@@ -62,6 +62,19 @@ class Admin:
 
 
 @dataclass(frozen=True)
+class Tracing:
+    """OpenTelemetry traces (``proxy.engine.tracing``): off unless an endpoint is set here or
+    in ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_ENDPOINT``."""
+
+    endpoint: str | None = None  # null: the standard OTEL_EXPORTER_OTLP_* variables
+    protocol: str | None = None  # grpc | http/protobuf; null: OTEL_EXPORTER_OTLP_*PROTOCOL
+    capture_content: bool = False  # message text in spans (never by default)
+
+
+TRACE_PROTOCOLS = ("grpc", "http/protobuf")
+
+
+@dataclass(frozen=True)
 class Config:
     listen: Listen = field(default_factory=Listen)
     upstream: Upstream = field(default_factory=Upstream)
@@ -69,6 +82,7 @@ class Config:
     limits: Limits = field(default_factory=Limits)
     compaction: CompactionSettings = field(default_factory=CompactionSettings)
     admin: Admin = field(default_factory=Admin)
+    tracing: Tracing = field(default_factory=Tracing)
 
     @property
     def max_body_bytes(self) -> int:
@@ -159,6 +173,7 @@ _SECTIONS: dict[str, type] = {
     "limits": Limits,
     "compaction": CompactionSettings,
     "admin": Admin,
+    "tracing": Tracing,
 }
 
 
@@ -232,6 +247,11 @@ def _check(config: Config) -> None:
         raise ConfigError(
             f"upstream.transport: must be one of {', '.join(TRANSPORTS)} "
             f"(not {config.upstream.transport!r})"
+        )
+    if config.tracing.protocol is not None and config.tracing.protocol not in TRACE_PROTOCOLS:
+        raise ConfigError(
+            f"tracing.protocol: must be one of {', '.join(TRACE_PROTOCOLS)} "
+            f"(not {config.tracing.protocol!r})"
         )
     if config.limits.max_body_mb <= 0:
         raise ConfigError("limits.max_body_mb: must be positive")

@@ -40,6 +40,7 @@ from proxy.core.records import MAX_CHECKPOINTS, conv_key
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
 from proxy.engine.stepping import Done, advance
+from proxy.engine.tracing import Tracer
 from proxy.operators import ledger
 
 log = logging.getLogger("compaction_proxy.compactor")
@@ -70,8 +71,10 @@ class Compactor:
         counter: TokenCounter | None = None,
         retention_s: float | None = 30 * 86400,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
-        """``on_event`` is called with every compaction event (metrics); it must not raise."""
+        """``on_event`` is called with every compaction event (metrics); it must not raise.
+        ``tracer``: each compaction attempt gets a span (``proxy.engine.tracing``)."""
         self.settings = settings
         self.store = store
         self.llm = llm
@@ -80,6 +83,7 @@ class Compactor:
         self.counter = self.env.counter
         self.retention_s = retention_s
         self.on_event = on_event
+        self.tracer = tracer
         self._inflight: dict[str, asyncio.Future[Outcome]] = {}
         # Locks this process took but could not release (the store was down): released as
         # soon as the store answers again, so a restarted Redis that kept them (AOF) does not
@@ -286,6 +290,18 @@ class Compactor:
             future.set_result(outcome)
         return outcome
 
+    async def _traced(self, flow: Flow[Outcome], *, inline: bool) -> Outcome:
+        """The flow, in a compaction span when tracing is on. Off the loop, always: a
+        compaction is rare, waits on LLM calls anyway, and its work (transcripts, key facts,
+        loss report) grows with the span."""
+        if self.tracer is None:
+            return await self.run(flow, off_loop=True)
+        with self.tracer.compaction(inline=inline) as span:
+            outcome = await self.run(flow, off_loop=True)
+            if span is not None:
+                span.outcome(outcome)
+            return outcome
+
     async def _guarded(self, prepared: Prepared, *, inline: bool, waited: bool) -> Outcome:
         """The compaction flow within ``compaction_timeout_s``; a crash in it is the last
         line of failing open."""
@@ -294,9 +310,7 @@ class Compactor:
             flow = flow_compact.compact(self.env, prepared, inline=inline, waited=waited)
             try:
                 async with asyncio.timeout(budget):
-                    # Off the loop, always: a compaction is rare, waits on LLM calls anyway,
-                    # and its work (transcripts, key facts, loss report) grows with the span.
-                    return await self.run(flow, off_loop=True)
+                    return await self._traced(flow, inline=inline)
             except TimeoutError:
                 pass  # (not closed: a step may still be running in its thread; it ends alone)
             # Each call had its own bound, but a long span takes many: the request (or the

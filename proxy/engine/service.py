@@ -30,6 +30,7 @@ from proxy.core.prepared import Prepared, Prompts
 from proxy.core.records import conv_key
 from proxy.core.types import Case
 from proxy.engine.compactor import Compactor
+from proxy.engine.tracing import RequestTrace, TracedLLM, Tracer, current, start_tracing
 from proxy.operators import ledger
 from proxy.operators.metrics import Metrics
 
@@ -56,6 +57,9 @@ class Incoming:
     outside_cache_marks: int = 0
     reserve_tokens: int = 0  # tools and the requested reply, for the context-window guard
     offload: bool = False  # a big body: identify and count it in a worker thread
+    # The client's W3C trace context: the request's span continues its trace (when traced).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 def too_long(prepared: Prepared | None, model: str) -> ContextTooLong | None:
@@ -98,6 +102,12 @@ class Call:
     finished: bool = field(default=False, repr=False)
     # What the upstream refused, when the call was sent again as the client sent it.
     refused: Prepared | None = field(default=None, repr=False)
+    trace: RequestTrace | None = field(default=None, repr=False)  # None: traces are off
+
+    def trace_headers(self) -> dict[str, str]:
+        """The ``traceparent`` the forwarded request carries (its span starts now); empty
+        when traces are off."""
+        return self.trace.upstream_headers() if self.trace is not None else {}
 
     def forwarding(self) -> None:
         """Mark the moment the request leaves for the upstream: the proxy's overhead ends."""
@@ -115,6 +125,7 @@ class Service:
     metrics: Metrics
     health: StoreHealth
     owns_store: bool = True
+    tracer: Tracer | None = None  # traces (proxy.engine.tracing), when turned on
 
     async def begin(
         self, route: str, describe: Callable[[], Incoming], *, started: float | None = None
@@ -125,8 +136,14 @@ class Service:
         arrived (default: now)."""
         started = time.perf_counter() if started is None else started
         prepared: Prepared | None
+        trace: RequestTrace | None = None
         try:
             incoming = describe()
+            if self.tracer is not None:
+                trace = self.tracer.request(
+                    route, incoming.model, incoming.tenant, started,
+                    incoming.traceparent, incoming.tracestate,
+                )  # fmt: skip
             controls = request_controls(
                 self.config.compaction,
                 header=incoming.compaction_header,
@@ -136,26 +153,33 @@ class Service:
                 messages=incoming.messages,
                 stateful=incoming.stateful,
             )
-            prepared = await self.compactor.prepare(
-                incoming.messages,
-                model=incoming.counted_model or incoming.model,
-                llm_model=incoming.model if incoming.counted_model else None,
-                tenant=incoming.tenant,
-                credential=incoming.credential,
-                conversation_header=incoming.conversation_header,
-                controls=controls,
-                summary_role=incoming.summary_role,
-                offload=incoming.offload,
-                outside_cache_marks=incoming.outside_cache_marks,
-                summary_joins=incoming.summary_joins,
-                reserve_tokens=incoming.reserve_tokens,
-            )
+            if trace is None:  # (no context manager at all on the untraced path)
+                prepared = await self._prepare(incoming, controls)
+            else:
+                with current(trace):  # an inline compaction's spans go under the request's
+                    prepared = await self._prepare(incoming, controls)
         except Exception:  # fail open: a compaction problem never fails the request
             log.exception("compaction core failed; forwarding unchanged")
             prepared = None
-        call = Call(route, prepared, started)
+        call = Call(route, prepared, started, trace=trace)
         call.forwarding()
         return call
+
+    async def _prepare(self, incoming: Incoming, controls: Any) -> Prepared:
+        return await self.compactor.prepare(
+            incoming.messages,
+            model=incoming.counted_model or incoming.model,
+            llm_model=incoming.model if incoming.counted_model else None,
+            tenant=incoming.tenant,
+            credential=incoming.credential,
+            conversation_header=incoming.conversation_header,
+            controls=controls,
+            summary_role=incoming.summary_role,
+            offload=incoming.offload,
+            outside_cache_marks=incoming.outside_cache_marks,
+            summary_joins=incoming.summary_joins,
+            reserve_tokens=incoming.reserve_tokens,
+        )
 
     async def send_as_sent(self, call: Call) -> bool:
         """The upstream refused (400) the body this call forwarded: whether to send the
@@ -200,20 +224,37 @@ class Service:
         self.store.set(key, mark, self.config.retention_s)
 
     def finish(
-        self, call: Call, usage: Any, status: int, *, upstream_s: float | None = None
+        self,
+        call: Call,
+        usage: Any,
+        status: int,
+        *,
+        upstream_s: float | None = None,
+        response_model: str | None = None,
     ) -> None:
         """After the response: the log line, the metrics, the ledger entry (queued for the
         batched writer) and, on a 200, the stability tracker and any background compaction.
 
         Once per call (later calls are ignored); never raises and never blocks. ``upstream_s``:
-        the upstream's time when the front door knows it (else measured since ``started``)."""
+        the upstream's time when the front door knows it (else measured since ``started``);
+        ``response_model``: the model the upstream named in its answer (for traces)."""
         if call.finished:
             return
         call.finished = True
         try:
-            self._finish(call, usage, status, upstream_s)
+            if call.trace is None:
+                self._finish(call, usage, status, upstream_s)
+            else:
+                # A background compaction's spans go under this request's (its task copies it).
+                with current(call.trace):
+                    self._finish(call, usage, status, upstream_s)
         except Exception:
             log.exception("after-response handling failed")
+        if call.trace is not None:
+            call.trace.finish(
+                call.prepared, usage, status, response_model,
+                call.started + call.overhead_s, call.overhead_s,
+            )  # fmt: skip
 
     def _finish(self, call: Call, usage: Any, status: int, upstream_s: float | None) -> None:
         prepared = call.prepared
@@ -295,6 +336,8 @@ class Service:
         await self.compactor.drain(timeout=timeout)
         if self.owns_store:
             self.store.close()
+        if self.tracer is not None:  # export what is queued (the exporter's timeout bounds it)
+            await asyncio.to_thread(self.tracer.shutdown)
 
 
 def _retriable(p: Prepared) -> bool:
@@ -330,13 +373,15 @@ def build_service(
         url = config.store.url
         store = open_store_or_degraded(url) if degraded_store else open_store(url)
     metrics = Metrics()
+    tracer = start_tracing(config, metrics.registry)
     compactor = Compactor(
         config.compaction,
         store,
-        llm,
+        llm if tracer is None else TracedLLM(llm, tracer),
         prompts,
         retention_s=config.retention_s,
         on_event=metrics.observe_event,
+        tracer=tracer,
     )
     health = StoreHealth(store, metrics.observe_store, metrics.observe_store_write_failure)
-    return Service(config, store, compactor, metrics, health, owns_store)
+    return Service(config, store, compactor, metrics, health, owns_store, tracer)

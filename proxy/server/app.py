@@ -110,6 +110,7 @@ async def _serve(request: Request, surface: Surface, send: Send) -> None:
         key_header="x-api-key" if surface is ANTHROPIC_MESSAGES else "authorization",
     )
     headers["content-type"] = "application/json"
+    headers.update(call.trace_headers())  # traced: the upstream joins the request's trace
     url = upstream_url(config.upstream.base_url, surface.path, "")
     upstream_request = forwarder.request("POST", url, payload, headers)
     call.forwarding()

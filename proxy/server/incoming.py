@@ -98,4 +98,6 @@ def describe(
         outside_cache_marks=surface.outside_cache_marks(body),
         reserve_tokens=reserve_tokens(body, counter),
         offload=big,
+        traceparent=request.headers.get("traceparent"),
+        tracestate=request.headers.get("tracestate"),
     )

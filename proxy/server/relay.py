@@ -28,7 +28,7 @@ from proxy.engine.service import Call, Service
 from proxy.server.abort import BodyBroken
 from proxy.server.bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
 from proxy.server.sse import EventSplitter, event_json, is_terminal, is_usage_only
-from proxy.server.surfaces import Surface, usage_of
+from proxy.server.surfaces import Surface, model_of, usage_of
 
 log = logging.getLogger("compaction_proxy.server")
 # Set by the server answering (uvicorn): relaying the upstream's too would send two of each.
@@ -109,14 +109,15 @@ class Ending:
     """How a relayed body ended (499 until it is known complete), for ``Service.finish``
     once the client has the whole answer."""
 
-    __slots__ = ("status", "usage")
+    __slots__ = ("status", "usage", "model")
 
     def __init__(self) -> None:
         self.status = 499
         self.usage: dict[str, Any] | None = None
+        self.model: str | None = None  # as the upstream named it (traces)
 
     def finish(self, service: Service, call: Call) -> Callable[[], None]:
-        return lambda: service.finish(call, self.usage, self.status)
+        return lambda: service.finish(call, self.usage, self.status, response_model=self.model)
 
 
 # Another request to send instead when the upstream refused (400) the one sent: the client's
@@ -150,17 +151,18 @@ async def forward_whole(
     out_headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
     if rest is None:
         await upstream.aclose()
-        usage = None
+        usage, model = None, None
         if upstream.status_code == 200:
             try:
-                usage = usage_of(orjson.loads(head))
+                answer = orjson.loads(head)
+                usage, model = usage_of(answer), model_of(answer)
             except orjson.JSONDecodeError:
                 usage = None
         try:
             await send_whole(send, upstream.status_code, out_headers, head)
         finally:
             # Once the client has its answer: it does not wait for the ledger and the log.
-            service.finish(call, usage, upstream.status_code)
+            service.finish(call, usage, upstream.status_code, response_model=model)
         return
     length = upstream.headers.get("content-length")
     if length and length.isdigit() and "content-encoding" not in upstream.headers:
@@ -292,6 +294,7 @@ async def _relay_events(
                     if found:
                         # Anthropic splits usage over message_start and message_delta.
                         usage.update({k: v for k, v in found.items() if v is not None})
+                        ending.model = model_of(obj) or ending.model
                         if drop_usage and is_usage_only(obj):
                             continue
                 out.append(event)

@@ -318,3 +318,14 @@ def usage_of(obj: Any) -> dict[str, Any] | None:
             inner = obj.get(key)
             usage = inner.get("usage") if isinstance(inner, dict) else None
     return usage if isinstance(usage, dict) else None
+
+
+def model_of(obj: Any) -> str | None:
+    """The model an answer or a stream event names (nested as ``usage_of`` finds usage)."""
+    if not isinstance(obj, dict):
+        return None
+    for where in (obj, obj.get("message"), obj.get("response")):
+        model = where.get("model") if isinstance(where, dict) else None
+        if isinstance(model, str) and model:
+            return model
+    return None
