@@ -117,7 +117,9 @@ def test_sixty_turns_keep_the_prefix_cached_between_compactions(tmp_path: Path) 
         forwarded = [r.json["messages"] for r in requests]
         summaries = [_summary_of(f) for f in forwarded]
         compactions = [i for i in range(1, len(summaries)) if summaries[i] != summaries[i - 1]]
-        assert len(compactions) >= 4, f"only {len(compactions)} compactions"
+        # Each compaction leaves at most half the trigger (compact_to_share, #25: no
+        # treadmill), so 60 turns make two; before, with a 6,000-token window, they made 4.
+        assert len(compactions) >= 2, f"only {len(compactions)} compactions"
 
         prompt = cached = 0
         for i, (p, c) in enumerate(up.cached_log):
