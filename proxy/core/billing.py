@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from proxy.core.costs import Prices, prices_for
+from proxy.core.costs import Prices, RequestSaving, input_cost, prices_for
 from proxy.core.modelmap import context_window, provider_family
 from proxy.core.settings import CompactionSettings
 
@@ -80,9 +80,7 @@ class Bill:
     usd: float
 
 
-def bill(
-    prices: Prices, rules: CacheRules, prompt: int, cached: int, output: int = 0
-) -> Bill:
+def bill(prices: Prices, rules: CacheRules, prompt: int, cached: int, output: int = 0) -> Bill:
     """What the provider bills for a prompt of ``prompt`` tokens of which ``cached`` are read
     from its cache: on a provider that bills writes, the rest of a prompt long enough to be
     cached is written (the client, or the proxy's stability marks, mark its end)."""
@@ -104,6 +102,35 @@ def _read_price(prices: Prices, rules: CacheRules) -> float:
 
 def _write_price(prices: Prices, rules: CacheRules) -> float:
     return prices.cache_write or prices.input * rules.write
+
+
+def request_saving(
+    prices: Prices,
+    rules: CacheRules,
+    *,
+    original_tokens: int,
+    forwarded_tokens: int,
+    previous_original_tokens: int,
+    idle_s: float | None,
+    cached: int,
+    written: int = 0,
+) -> RequestSaving:
+    """One forwarded request against the client's own request, both priced as billed.
+
+    Counterfactual: the client's history, its previous request's history read from cache
+    while that is warm (``idle_s`` within the TTL; None: no previous request), the rest
+    written where the provider bills writes. Actual: the forwarded prompt with the cache
+    reads and writes the upstream reported. Output is the same on both sides: left out.
+    """
+    common = min(previous_original_tokens, original_tokens)
+    would_be_cached = cached_prefix(rules, common, idle_s)
+    counterfactual = bill(prices, rules, original_tokens, would_be_cached)
+    return RequestSaving(
+        gross_tokens=max(original_tokens - forwarded_tokens, 0),
+        cache_tokens_lost=max(would_be_cached - cached, 0),
+        actual_usd=input_cost(prices, forwarded_tokens, cached, written),
+        counterfactual_usd=counterfactual.usd,
+    )
 
 
 def over_window(model: str, tokens: int) -> bool:
@@ -167,6 +194,7 @@ __all__ = [
     "forecast",
     "over_window",
     "prices_for",
+    "request_saving",
     "rules_for",
     "warm",
 ]

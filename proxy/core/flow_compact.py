@@ -71,7 +71,7 @@ def attempt(env: Env, p: Prepared, *, inline: bool) -> Flow[Outcome]:
         yield from emit(p, failed)
         return (yield from fallback(env, p, f"compaction failed: {error}"))
     if outcome.record is None:
-        if outcome.reason != NOTHING_TO_CUT:
+        if outcome.reason not in (NOTHING_TO_CUT, TOO_SHALLOW):
             # The LLMs ran and nothing came of it: do not pay for it again soon.
             yield from cooldown(env, p, soft=True)
         return (yield from fallback(env, p, outcome.reason))
