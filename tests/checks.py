@@ -21,6 +21,7 @@ LOW_TRIGGER: dict[str, Any] = {
     "verbatim_window_tokens": 1200,
     "summary_budget_tokens": 300,
     "compact_to_share": 1.0,
+    "policy": "tokens",
 }
 INLINE = {**LOW_TRIGGER, "mode": "inline"}
 _counter = TokenCounter()

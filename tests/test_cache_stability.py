@@ -369,7 +369,9 @@ async def test_cost_policy_waits_until_compaction_pays(tmp_path: Path) -> None:
     assert "summarizer" in llm.calls
     # The tokens policy would have compacted the young conversation at once.
     eager = Compactor(
-        CompactionSettings(trigger_tokens=4000, verbatim_window_tokens=1000, mode="inline"),
+        CompactionSettings(
+            trigger_tokens=4000, verbatim_window_tokens=1000, mode="inline", policy="tokens"
+        ),
         DiskStore(tmp_path / "s2"),
         _ScriptedLLM(),
         Prompts("d", "s"),

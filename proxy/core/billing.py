@@ -138,7 +138,7 @@ def over_window(model: str, tokens: int) -> bool:
     ``model`` at all: then forwarding it unchanged is no counterfactual, and what compaction
     took off it is "kept within the window", not money saved."""
     window = context_window(model)
-    return bool(window) and tokens > window
+    return window is not None and window > 0 and tokens > window
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ class CompactionSettings:
     truncate_keeps_note: bool = True
     # shadow: plan and compact in the background, forward exactly what the client sent.
     mode: Literal["background", "inline", "shadow"] = "background"
-    policy: Literal["tokens", "cost"] = "tokens"
+    policy: Literal["tokens", "cost"] = "cost"
     cooldown_s: float = 300.0
     soft_cooldown_s: float = 30.0
     llm_timeout_s: float = 120.0

@@ -106,8 +106,9 @@ def _conv_apply(
     if entry.status < 400 and entry.shadow:
         shadow_saving.append(_shadow_saving(meta, entry))
     elif entry.status < 400 and entry.over_window:
-        # The client could not have sent it: no counterfactual, so no saving either.
-        meta["last_original_tokens"] = entry.original_tokens
+        # The client could not have sent it: no counterfactual, so no saving either, and
+        # nothing of it in the counterfactual cache of the next request.
+        meta["last_original_tokens"] = 0
     elif entry.status < 400:
         rules = billing.rules_for(entry.model)
         if entry.cache_ttl_s is not None:
