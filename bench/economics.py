@@ -8,8 +8,9 @@ the chat-completions shape of ``tests.replay.shapes.chat_body``: before each ass
 the client resends its whole history). Each session goes through ``Compactor`` in process
 (a diskcache store, the ledger written after every request as the service writes it, the
 scripted extractive detector/summarizer of ``bench.agent_session``) on a simulated clock: one
-request every ``STEP_S`` seconds, so the cache is warm throughout (no idle gap past a TTL:
-the cache-cold path of the cost policy never helps here).
+request every ``STEP_S`` seconds, so the cache stays warm; the synthetic session runs a second
+time with a 10-minute break before each of its 20 user instructions (past both providers'
+TTLs: the cost policy's cache-cold path).
 
 Each session is priced as billed with Anthropic's rules (``claude-sonnet-4-5``: reads 0.1x,
 writes 1.25x, 5-minute TTL) and with OpenAI's (``gpt-4o``: reads 0.5x, 128-token steps), with
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import sys
 import tempfile
@@ -70,6 +72,9 @@ class Session:
     # facts of the synthetic session; a recorded run has none, so ``digits`` (the lines with
     # a digit or a path) stands in for a model there.
     summarizer: str = "extractive"
+    # Seconds of idle before a request that opens a new user instruction (0: none), e.g. a
+    # developer reading the agent's answer before typing the next step.
+    break_s: float = 0.0
 
 
 def synthetic(requests: int) -> Session:
@@ -177,12 +182,14 @@ async def replay(
     # The client's own compaction: the history size it happened at, what replaced it, its
     # last request's size, and the prefix its first request after it shares (the head).
     client_epoch = client_base = client_prev = client_fresh = 0
+    now = 0.0
     with tempfile.TemporaryDirectory(prefix="bench-economics-") as tmp:
         store = DiskStore(tmp)
         engine = Compactor(settings, store, llm, prompts, counter=counter, on_event=on_event)
         for i, (history, reply) in enumerate(zip(session.requests, session.replies, strict=True)):
-            now = i * STEP_S
-            idle = STEP_S if i else None
+            pause = session.break_s if i and history[-1].get("role") == "user" else 0.0
+            idle = STEP_S + pause if i else None
+            now += idle or 0.0
             calls_before = llm.prompt_tokens, llm.completion_tokens
             p = await engine.prepare(history, model=model, tenant="bench", credential="k", now=now)
             output = counter.count_message(reply, model)
@@ -278,7 +285,9 @@ def summary(r: Result) -> dict[str, Any]:
 def sessions(smoke: bool, runs: Path) -> list[tuple[Session, tuple[int, ...]]]:
     """Each session with the triggers it runs at: the default, and for the recorded runs
     (all under the default trigger) 8,000 too, so that their compactions are measured."""
-    out = [(synthetic(agent_session.SMOKE_REQUESTS if smoke else 300), (24_000,))]
+    agent = synthetic(agent_session.SMOKE_REQUESTS if smoke else 300)
+    breaks = dataclasses.replace(agent, name=f"{agent.name}, 10-minute breaks", break_s=600.0)
+    out = [(agent, (24_000,)), (breaks, (24_000,))]
     for path in sorted(runs.glob("*.json"))[: 1 if smoke else None]:
         out.append((recorded(path), (24_000, 8_000)))
     return out
@@ -322,6 +331,31 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def aims(results: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Issue #25's aims over the default policy's rows: (aim, measured, verdict)."""
+    out: list[tuple[str, str, str]] = []
+    for s in results:
+        if s["policy"] != "cost":
+            continue
+        where = f"{s['session']}, trigger {s['trigger']:,}, {s['provider']}"
+        out.append((f"net $ ≤ 1.0× unchanged ({where})", f"{s['vs_unchanged']:.3f}×",
+                    "met" if s["vs_unchanged"] <= 1.0 + 1e-9 else "missed"))  # fmt: skip
+        if s["passes_trigger"]:
+            out.append((f"net $ ≤ 0.6× unchanged ({where})", f"{s['vs_unchanged']:.3f}×",
+                        "met" if s["vs_unchanged"] <= 0.6 else "missed"))  # fmt: skip
+        base = s["write_read_unchanged"]
+        times = s["write_read_proxy"] / base if base else 1.0
+        out.append((f"cache write ÷ read within 1.5× of unchanged's ({where})",
+                    f"{times:.2f}× ({s['write_read_proxy']:.3f} vs {base:.3f})",
+                    "met" if times <= 1.5 else "missed"))  # fmt: skip
+    return out
+
+
+def aims_markdown(results: list[dict[str, Any]]) -> str:
+    rows = [f"| {a} | {m} | {v} |" for a, m, v in aims(results)]
+    return "\n".join(["| aim (#25) | measured | |", "|---|---:|---|", *rows])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.economics",
@@ -334,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     args = parser.parse_args(argv)
     results = run(args.smoke, args.runs, tuple(args.policy or ("cost", "tokens")))
-    print(markdown(results))
+    print(markdown(results) + "\n\n" + aims_markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

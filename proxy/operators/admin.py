@@ -27,7 +27,7 @@ from proxy.adapters.store import Store
 from proxy.core.errors import BadRequest, NotFound, StoreError, Unauthorized
 from proxy.operators import reindex
 from proxy.operators.details import conversation_detail, histories, set_paused
-from proxy.operators.metrics import ledger_exposition
+from proxy.operators.netmetrics import ledger_exposition
 from proxy.operators.queries import conversation_id, list_conversations, resolve, stats
 
 COOKIE_NAME = "compaction_proxy_admin"

@@ -18,12 +18,10 @@ from proxy.core import billing, costs
 from proxy.core.errors import StoreError
 from proxy.core.records import conv_key
 from proxy.core.types import Case, CaseName
-from proxy.operators import index
+from proxy.operators import index, phantom
 from proxy.operators.entry import RequestEntry as RequestEntry
 from proxy.operators.entry import usage_numbers as usage_numbers
 from proxy.operators.events import as_event, split
-from proxy.operators.figures import derive
-from proxy.operators.phantom import phantom
 
 log = logging.getLogger("compaction_proxy.ledger")
 
@@ -240,7 +238,7 @@ def record_batch(
         return totals
 
     totals = store.update(TOTALS_KEY, totals_update, None)
-    _warn_phantom(totals, len(batch))
+    phantom.warn(totals, len(batch))
     # The operators' indexes, and what has expired out of them (index: O(page) reads).
     index.add(store, [s for s in seen if (s.tenant, s.conversation) not in adopted])
     if retention_s:
@@ -257,22 +255,6 @@ def record_batch(
             return t
 
         store.update(f"hour:{hour}", hour_update, retention_s)
-
-
-PHANTOM_EVERY = 100  # requests between two phantom-savings log lines at most
-
-
-def _warn_phantom(totals: Any, added: int) -> None:
-    """A log line each ``PHANTOM_EVERY`` requests while compaction saves nothing net, naming
-    why (counts and reasons only: never content)."""
-    if not isinstance(totals, dict):
-        return
-    n = int(totals.get("requests") or 0)
-    if n // PHANTOM_EVERY == (n - added) // PHANTOM_EVERY:
-        return
-    warning = phantom(derive(totals))
-    if warning:
-        log.warning("phantom savings", extra={"requests": n, "why": warning})
 
 
 def _adopt(

@@ -371,30 +371,3 @@ class Metrics:
             MultiProcessCollector(registry)
             return generate_latest(registry), CONTENT_TYPE
         return generate_latest(self.registry), CONTENT_TYPE
-
-
-def ledger_exposition(totals: Mapping[str, Any], phantom: bool) -> bytes:
-    """The ledger's money figures as Prometheus gauges, net first (#25): they need each
-    conversation's previous request (its cached prefix, its idle time), which only the
-    ledger has, and they are the same in every worker because they come from the store."""
-    figures = (
-        ("net_saved_usd", "Dollars saved net of cache misses, cache writes and detector/"
-         "summarizer calls, against what the clients sent priced with their own cache.",
-         totals.get("net_saved_usd", 0.0)),
-        ("counterfactual_usd", "Input dollars of what the clients sent, as billed.",
-         totals.get("counterfactual_usd", 0.0)),
-        ("forwarded_usd", "Input dollars of what was forwarded, as billed.",
-         totals.get("actual_usd", 0.0)),
-        ("compaction_llm_usd", "Dollars spent on detector and summarizer calls.",
-         totals.get("llm_usd", 0.0)),
-        ("kept_within_window_requests", "Requests longer than the model's context window as "
-         "sent: what compaction took off them is not counted as saved.",
-         totals.get("kept_within_window", 0)),
-        ("phantom_savings", "1 when compaction is on but saved nothing net over the recorded "
-         "requests (the dashboard and compaction-proxy stats say why).", int(phantom)),
-    )  # fmt: skip
-    lines = []
-    for name, help_text, value in figures:
-        full = f"{PREFIX}_{name}"
-        lines += [f"# HELP {full} {help_text}", f"# TYPE {full} gauge", f"{full} {float(value)!r}"]
-    return ("\n".join(lines) + "\n").encode()

@@ -8,11 +8,30 @@ a dashboard of zeros or small gross savings. Pure: reads the ledger's totals.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from proxy.operators.entry import HELD_REASONS
+from proxy.operators.figures import derive
+
+log = logging.getLogger("compaction_proxy.ledger")
 
 MIN_REQUESTS = 20  # fewer requests than this are no window to judge
+WARN_EVERY = 100  # requests between two phantom-savings log lines at most
+
+
+def warn(totals: Any, added: int) -> None:
+    """A log line each ``WARN_EVERY`` requests while compaction saves nothing net, naming
+    why (counts and reasons only: never content). ``totals``: the ledger's raw totals just
+    written, ``added`` requests ago the last time."""
+    if not isinstance(totals, dict):
+        return
+    n = int(totals.get("requests") or 0)
+    if n // WARN_EVERY == (n - added) // WARN_EVERY:
+        return
+    warning = phantom(derive(totals))
+    if warning:
+        log.warning("phantom savings", extra={"requests": n, "why": warning})
 
 
 def phantom(totals: dict[str, Any], *, min_requests: int = MIN_REQUESTS) -> str | None:
