@@ -7,7 +7,8 @@ real agent run in ``tests/replay/runs/*.json`` (the neutral format; each replaye
 the chat-completions shape of ``tests.replay.shapes.chat_body``: before each assistant turn
 the client resends its whole history). Each session goes through ``Compactor`` in process
 (a diskcache store, the ledger written after every request as the service writes it, the
-scripted extractive detector/summarizer of ``bench.agent_session``) on a simulated clock: one
+scripted detector and summarizer of ``bench.agent_session``: ``extractive`` for the synthetic
+session, ``digits`` for the recorded runs) on a simulated clock (``now`` passed in): one
 request every ``STEP_S`` seconds, so the cache stays warm; the synthetic session runs a second
 time with a 10-minute break before each of its 20 user instructions (past both providers'
 TTLs: the cost policy's cache-cold path).
@@ -24,10 +25,13 @@ messages, cache marks aside) with the previous request. Three ways of sending it
   continues from system + summary (Claude Code's and Codex's auto-compaction, roughly);
 - **proxy**: what the core forwards, plus its detector and summarizer calls (uncached).
 
-Reported per session, provider and policy: net $ of the proxy (requests and its calls),
-÷ unchanged (over the requests that fit the window), ÷ client compacts (the whole session),
-cache-write ÷ cache-read tokens (OpenAI bills no writes: there, uncached ÷ cached) for the
-proxy and for unchanged, prefix breaks, LLM calls.
+Reported per session, provider and policy (``cost``, the default, and ``tokens``): the proxy's
+billed $ over the whole session (requests, output and its detector/summarizer calls); the
+unchanged traffic's $ over the requests that fit the window, and the proxy's $ over those same
+requests (and the calls made meanwhile) ÷ it; the client-compacting traffic's $ and the proxy's
+÷ it, both over the whole session; cache-write ÷ cache-read tokens (OpenAI bills no writes:
+there, uncached ÷ cached input) for the proxy and for unchanged, and the proxy's cache writes
+÷ unchanged's over the same requests; prefix breaks; LLM calls.
 """
 
 from __future__ import annotations
@@ -332,22 +336,35 @@ def markdown(results: list[dict[str, Any]]) -> str:
 
 
 def aims(results: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
-    """Issue #25's aims over the default policy's rows: (aim, measured, verdict)."""
+    """Issue #25's aims over the default policy's rows, the worst session of each trigger and
+    provider: (aim, measured, verdict)."""
     out: list[tuple[str, str, str]] = []
-    for s in results:
-        if s["policy"] != "cost":
-            continue
-        where = f"{s['session']}, trigger {s['trigger']:,}, {s['provider']}"
-        out.append((f"net $ ≤ 1.0× unchanged ({where})", f"{s['vs_unchanged']:.3f}×",
-                    "met" if s["vs_unchanged"] <= 1.0 + 1e-9 else "missed"))  # fmt: skip
-        if s["passes_trigger"]:
-            out.append((f"net $ ≤ 0.6× unchanged ({where})", f"{s['vs_unchanged']:.3f}×",
-                        "met" if s["vs_unchanged"] <= 0.6 else "missed"))  # fmt: skip
-        base = s["write_read_unchanged"]
-        times = s["write_read_proxy"] / base if base else 1.0
-        out.append((f"cache write ÷ read within 1.5× of unchanged's ({where})",
-                    f"{times:.2f}× ({s['write_read_proxy']:.3f} vs {base:.3f})",
-                    "met" if times <= 1.5 else "missed"))  # fmt: skip
+    rows = [s for s in results if s["policy"] == "cost"]
+    for trigger in sorted({s["trigger"] for s in rows}, reverse=True):
+        for provider in PROVIDERS:
+            group = [s for s in rows if s["trigger"] == trigger and s["provider"] == provider]
+            if not group:
+                continue
+            where = f"trigger {trigger:,}, {provider}'s prices"
+            worst = max(group, key=lambda s: s["vs_unchanged"])
+            out.append((f"net $ ≤ 1.0× unchanged, every session ({where})",
+                        f"{worst['vs_unchanged']:.3f}× ({worst['session']})",
+                        "met" if worst["vs_unchanged"] <= 1.0 + 1e-9 else "missed"))  # fmt: skip
+            passing = [s for s in group if s["passes_trigger"]]
+            if passing:
+                worst = max(passing, key=lambda s: s["vs_unchanged"])
+                out.append((f"net $ ≤ 0.6× unchanged, sessions past the trigger ({where})",
+                            f"{worst['vs_unchanged']:.3f}× ({worst['session']})",
+                            "met" if worst["vs_unchanged"] <= 0.6 else "missed"))  # fmt: skip
+
+            def times(s: dict[str, Any]) -> float:
+                base = s["write_read_unchanged"]
+                return float(s["write_read_proxy"] / base) if base else 1.0
+
+            worst = max(group, key=times)
+            out.append((f"cache write ÷ read within 1.5× of unchanged's ({where})",
+                        f"{times(worst):.2f}× ({worst['session']})",
+                        "met" if times(worst) <= 1.5 else "missed"))  # fmt: skip
     return out
 
 
