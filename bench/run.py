@@ -9,7 +9,8 @@ Sections: 1. overhead (``bench.overhead``), 2. core cost (``python -m bench.core
 5. where the added time goes (``python -m bench.stages``), 6. servers and forwarders side by
 side, interleaved, with ratios to direct (``python -m bench.servers``), 7. a 300-request
 coding-agent session (``bench.agent_session``), 8. memory of one worker after 5,000 requests
-(``python -m bench.rss``).
+(``python -m bench.rss``), 9. net billed dollars of replayed agent sessions with both
+providers' cache rules (``python -m bench.economics``).
 The report states the machine, the command, and an "aims" table computed from the figures.
 A hand-written analysis between the ``<!-- analysis:start -->`` and ``<!-- analysis:end -->``
 markers of an existing report is kept when the report is regenerated. Smoke mode never
@@ -33,7 +34,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench import agent_session, overhead, policies, rss, savings, servers, stages
+from bench import agent_session, economics, overhead, policies, rss, savings, servers, stages
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -212,6 +213,9 @@ def aims(results: dict[str, Any]) -> list[tuple[str, str, str]]:
                 f"{r['cacheable_share']:.1%} (ceiling {1 - r['new_share']:.1%})",
                 "met" if r["cacheable_share"] >= 0.9 else "missed",
             ))  # fmt: skip
+    econ = results.get("economics")
+    if isinstance(econ, list):
+        out += economics.aims(econ)
     core = results.get("core", {})
     if core.get("results"):
         best = min(core["results"], key=lambda r: abs(r["messages"] - 1000))
@@ -375,6 +379,9 @@ def report(results: dict[str, Any], command: str, analysis: str, chart_name: str
     lines += ["", "## 8. Memory of one worker", "", _doc(rss), ""]
     mem = results.get("rss")
     lines.append(_failed(mem) or rss.markdown(mem or {"stages": []}))
+    lines += ["", "## 9. Net billed dollars", "", _doc(economics), ""]
+    econ = results.get("economics")
+    lines.append(_failed(econ) or economics.markdown(econ or []))
     lines += ["", "## Analysis", "", ANALYSIS_START, analysis, ANALYSIS_END, ""]
     return "\n".join(lines)
 
@@ -457,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         "policies", lambda: policies.run(turns, sv_profile.compaction), failures
     )
     results["agent"] = _section("agent", lambda: agent_session.runs(args.smoke), failures)
+    results["economics"] = _section("economics", lambda: economics.run(args.smoke), failures)
     results["load_average"]["end"] = os.getloadavg()[0]
     results["seconds"] = round(time.monotonic() - started, 1)
 

@@ -237,6 +237,8 @@ def _check(config: Config) -> None:
             re.compile(pattern)
         except re.error as exc:
             raise ConfigError(f"compaction.pin_patterns[{i}]: not a valid regex: {exc}") from exc
+    if not 0.0 < c.compact_to_share <= 1.0:
+        raise ConfigError("compaction.compact_to_share: must be above 0 and at most 1")
     if c.summary_budget_tokens < 16:
         raise ConfigError("compaction.summary_budget_tokens: must be at least 16")
     if c.summary_base_url and not c.summary_base_url.startswith(("http://", "https://")):

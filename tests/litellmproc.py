@@ -53,7 +53,8 @@ class LiteLLMProcess:
         self.port = free_port()
         self.master_key = "sk-" + secrets.token_hex(24)
         self.store_url = store_url
-        settings = {"store": {"url": store_url}, "compaction": compaction}
+        # As in ProxyProcess: the mechanics of compaction, not its money rules (test_economics).
+        settings = {"store": {"url": store_url}, "compaction": {"policy": "tokens", **compaction}}
         config = yaml.safe_load(SHIPPED_CONFIG.read_text())
         assert config["litellm_settings"]["callbacks"] == "hooks.litellm_compaction.compaction_hook"
         if prometheus:  # LiteLLM's /metrics, which shows the hook's metrics too

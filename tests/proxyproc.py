@@ -57,6 +57,11 @@ class ProxyProcess:
         }
         for name, values in sections.items():
             config.setdefault(name, {}).update(values)
+        # Process tests exercise the mechanics of compaction at triggers far too low to pay:
+        # on compaction's money rules (the cost policy, the default) they would mostly wait.
+        # A test that means the cost policy names it; tests/test_economics.py exercises it.
+        if "compaction" in sections:
+            config["compaction"].setdefault("policy", "tokens")
         self.config_path = tmp / "proxy.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.log_path = tmp / "proxy.log"

@@ -106,8 +106,9 @@ class DigitLines:
 
 async def test_twenty_planted_facts_survive_a_300_turn_agent_session(tmp_path: Path) -> None:
     settings = CompactionSettings(
-        trigger_tokens=8000, verbatim_window_tokens=2000, mode="inline", summary_budget_tokens=500
-    )
+        trigger_tokens=8000, verbatim_window_tokens=2000, mode="inline", summary_budget_tokens=500,
+        policy="tokens",  # the mechanics of compaction; the money rules: test_economics
+    )  # fmt: skip
     store = DiskStore(tmp_path / "store")
     llm = DigitLines()
     engine = Compactor(settings, store, llm, Prompts("d", "s {budget}"), counter=TokenCounter())

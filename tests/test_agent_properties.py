@@ -154,6 +154,7 @@ def body_of(shape: str, steps: list[Any]) -> dict[str, Any]:
 def agent_settings(draw: st.DrawFn) -> CompactionSettings:
     trigger = draw(st.integers(600, 4000))
     return CompactionSettings(
+        policy="tokens",  # the mechanics of compaction; the money rules: test_economics
         trigger_tokens=trigger,
         verbatim_window_tokens=draw(st.integers(50, trigger // 3)),
         summary_budget_tokens=100,

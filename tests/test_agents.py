@@ -84,6 +84,7 @@ def echo_summary(messages: list[Message]) -> str:
 
 def settings(**overrides: Any) -> CompactionSettings:
     base: dict[str, Any] = {
+        "policy": "tokens",  # the mechanics of compaction; the money rules: test_economics
         "trigger_tokens": 6000,
         "verbatim_window_tokens": 1500,
         "summary_budget_tokens": 200,

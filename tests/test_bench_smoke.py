@@ -78,7 +78,8 @@ def test_report_has_every_section_with_numbers(smoke: tuple[Path, str]) -> None:
     assert "CPUs" in machine and "Python 3." in machine
     headings = ("Aims", "1. Overhead", "2. Core cost", "3. Savings", "4. Compaction policies")
     more = ("5. Where the added time goes", "6. Servers and forwarders side by side")
-    for heading in (*headings, *more, "7. Agent session", "8. Memory of one worker"):
+    last = ("7. Agent session", "8. Memory of one worker", "9. Net billed dollars")
+    for heading in (*headings, *more, *last):
         text = section(report, heading)
         assert "This section failed" not in text, text[-3000:]
         rows = table_rows(text)
@@ -129,6 +130,15 @@ def test_agent_session_reports_forwarded_cacheable_and_cost(smoke: tuple[Path, s
         assert label in labels, f"no {label!r} row"
     aims = {row[0] for row in table_rows(section(report, "Aims"))}
     assert any(a.startswith("$ ≤ 0.35× forwarding unchanged (agent session") for a in aims)
+
+
+def test_net_billed_dollars_priced_with_both_providers_rules(smoke: tuple[Path, str]) -> None:
+    _, report = smoke
+    rows = table_rows(section(report, "9. Net billed dollars"))
+    assert {row[2] for row in rows} == {"anthropic", "openai"}
+    assert {row[3] for row in rows} == {"cost", "tokens"}
+    aims = {row[0] for row in table_rows(section(report, "Aims"))}
+    assert any(a.startswith("net $ ≤ 1.0× unchanged (synthetic agent") for a in aims)
 
 
 def test_smoke_refuses_to_write_into_docs() -> None:

@@ -117,7 +117,9 @@ def test_sixty_turns_keep_the_prefix_cached_between_compactions(tmp_path: Path) 
         forwarded = [r.json["messages"] for r in requests]
         summaries = [_summary_of(f) for f in forwarded]
         compactions = [i for i in range(1, len(summaries)) if summaries[i] != summaries[i - 1]]
-        assert len(compactions) >= 4, f"only {len(compactions)} compactions"
+        # Each compaction leaves at most half the trigger (compact_to_share, #25: no
+        # treadmill), so 60 turns make two; before, with a 6,000-token window, they made 4.
+        assert len(compactions) >= 2, f"only {len(compactions)} compactions"
 
         prompt = cached = 0
         for i, (p, c) in enumerate(up.cached_log):
@@ -367,7 +369,9 @@ async def test_cost_policy_waits_until_compaction_pays(tmp_path: Path) -> None:
     assert "summarizer" in llm.calls
     # The tokens policy would have compacted the young conversation at once.
     eager = Compactor(
-        CompactionSettings(trigger_tokens=4000, verbatim_window_tokens=1000, mode="inline"),
+        CompactionSettings(
+            trigger_tokens=4000, verbatim_window_tokens=1000, mode="inline", policy="tokens"
+        ),
         DiskStore(tmp_path / "s2"),
         _ScriptedLLM(),
         Prompts("d", "s"),

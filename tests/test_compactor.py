@@ -35,6 +35,7 @@ Message = dict[str, Any]
 MODEL = "gpt-4o-mini"
 PROMPTS = Prompts(detector="Find the topic boundary.", summarizer="Summarize in {budget} tokens.")
 SETTINGS = CompactionSettings(
+    policy="tokens",  # the mechanics of compaction; the money rules: test_economics
     trigger_tokens=2000,
     verbatim_window_tokens=500,
     summary_budget_tokens=200,

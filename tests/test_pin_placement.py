@@ -97,6 +97,7 @@ def sessions(draw: st.DrawFn) -> tuple[str, list[Any], int]:
 def settings_for(tier: str) -> CompactionSettings:
     values = {k: v for k, v in TIERS[tier].items() if k != "llm"}
     return CompactionSettings(
+        policy="tokens",  # the mechanics of compaction; the money rules: test_economics
         trigger_tokens=1500,
         verbatim_window_tokens=300,
         summary_budget_tokens=100,

@@ -101,6 +101,7 @@ def conversations(draw: st.DrawFn) -> list[Message]:
 @st.composite
 def compaction_settings(draw: st.DrawFn) -> CompactionSettings:
     return CompactionSettings(
+        policy="tokens",  # the mechanics of compaction; the money rules: test_economics
         trigger_tokens=draw(st.integers(150, 1500)),
         verbatim_window_tokens=draw(st.integers(30, 600)),
         summary_budget_tokens=100,

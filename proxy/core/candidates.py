@@ -31,6 +31,8 @@ def verdict(env: Env, p: Prepared, outcome: Outcome, *, llm_next: bool = False) 
       (``llm_next``): pruned to within ``prune_clear_at_least`` of the trigger, the next
       pruning is a round or two away, and each one breaks the cached prefix; one deeper
       break by the summary tier is cheaper.
+    - No treadmill: an optional summary or truncation (under the hard limit) must leave at
+      most ``compact_to_share`` of the trigger.
     """
     record = outcome.record
     if record is None:
@@ -40,6 +42,10 @@ def verdict(env: Env, p: Prepared, outcome: Outcome, *, llm_next: bool = False) 
     if record.tokens_after >= p.forwarded_tokens:
         return nothing(f"{record.case} would not reduce tokens")
     s = env.settings
+    optional = not planner.over_limit(p.forwarded_tokens, p.decision)
+    target = planner.target_tokens(s)
+    if record.case in (Case.SUMMARIZE, Case.TRUNCATE) and optional and record.tokens_after > target:
+        return nothing(f"{record.case} would leave {record.tokens_after} tokens (target {target})")
     room = s.trigger_tokens - s.prune_clear_at_least
     if record.case == Case.PRUNE and llm_next and record.tokens_after > room:
         return nothing("pruning would leave too little room; the summary tier goes instead")

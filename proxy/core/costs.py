@@ -94,28 +94,3 @@ def request_saving(
 
 def llm_cost(prices: Prices, prompt_tokens: int, completion_tokens: int) -> float:
     return prompt_tokens * prices.input + completion_tokens * prices.output
-
-
-def expected_net_saving(
-    prices: Prices,
-    *,
-    forwarded_tokens: int,
-    expected_after: int,
-    cached_share: float,
-    horizon: int,
-    anthropic: bool,
-    summary_tokens: int,
-) -> float:
-    """Expected USD saved over the next ``horizon`` requests by compacting now.
-
-    Each later request no longer reads the removed tokens (mostly from cache, at
-    ``cached_share``); once, the new prefix is read uncached (plus a cache write on
-    Anthropic), and the detector and summarizer read the history and write the summary.
-    """
-    removed = max(forwarded_tokens - expected_after, 0)
-    share = min(max(cached_share, 0.0), 1.0)
-    per_request = removed * (share * prices.cache_read + (1 - share) * prices.input)
-    miss = expected_after * share * (prices.input - prices.cache_read)
-    write = expected_after * (prices.cache_write - prices.input) if anthropic else 0.0
-    llm = llm_cost(prices, forwarded_tokens * 2, summary_tokens)
-    return horizon * per_request - miss - max(write, 0.0) - llm

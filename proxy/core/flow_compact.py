@@ -24,6 +24,7 @@ from proxy.core.types import Case, CompactionEvent, DetectorFailedEvent, Event, 
 
 log = logging.getLogger("compaction_proxy.compactor")
 NOTHING_TO_CUT = "nothing to cut"
+TOO_SHALLOW = "no treadmill: no cut leaves the history below the target share of the trigger"
 
 
 def compact(env: Env, p: Prepared, *, inline: bool, waited: bool = False) -> Flow[Outcome]:
@@ -70,7 +71,7 @@ def attempt(env: Env, p: Prepared, *, inline: bool) -> Flow[Outcome]:
         yield from emit(p, failed)
         return (yield from fallback(env, p, f"compaction failed: {error}"))
     if outcome.record is None:
-        if outcome.reason != NOTHING_TO_CUT:
+        if outcome.reason not in (NOTHING_TO_CUT, TOO_SHALLOW):
             # The LLMs ran and nothing came of it: do not pay for it again soon.
             yield from cooldown(env, p, soft=True)
         return (yield from fallback(env, p, outcome.reason))
@@ -93,6 +94,10 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
     plan = planner.plan_cut(fwd, p.forwarded_counts, p.head_len, s, body)
     if plan is None:
         return nothing(NOTHING_TO_CUT)
+    if not planner.over_limit(p.forwarded_tokens, p.decision):
+        plan = widened(env, p, plan)
+        if plan is None:
+            return nothing(TOO_SHALLOW)
     offset, window = detector.detector_window(fwd, plan.body_start, s.detector_window_messages)
     detection = detector.SAFE_DEFAULT
     spent = Spent()
@@ -157,6 +162,22 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
         llm_tokens=spent.tokens, llm_usd=spent.usd,
     )  # fmt: skip
     return candidates.verdict(env, p, built)
+
+
+def widened(env: Env, p: Prepared, plan: planner.CutPlan) -> planner.CutPlan | None:
+    """``plan`` with a cut late enough that the result is at most ``compact_to_share`` of the
+    trigger (``planner.widen``), counting the head, the pins and a full summary with its key
+    references; None when no legal cut gets there (then no LLM call is made)."""
+    s = env.settings
+    counts = p.forwarded_counts
+    body, _ = p.body_start()
+    found = candidates.pins_for(env, p, body, plan.latest_cut)
+    kept = [0] * (len(counts) + 1)
+    for i in range(len(counts)):
+        stays = i < p.head_len or (body <= i and i in found)
+        kept[i + 1] = kept[i] + (counts[i] if stays else 0)
+    note = s.summary_budget_tokens + s.key_references_max_chars // 4 + 40
+    return planner.widen(plan, counts, kept, note, planner.target_tokens(s))
 
 
 class Spent:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from proxy.core import candidates, costs, planner, stability
+from proxy.core import candidates, planner, stability, timing
 from proxy.core.commands import CompactNow, Compute, Flow, Read
 from proxy.core.controls import Controls, sampled
 from proxy.core.errors import StoreError
@@ -57,6 +57,9 @@ class Request:
     outside_cache_marks: int = 0  # the client's cache marks outside ``messages``
     summary_joins: bool = False  # the summary is forwarded inside the next user turn
     reserve_tokens: int = 0  # what the request needs besides its messages
+    # When the request arrived (the driver's clock, as data): the cost policy compares it
+    # with the conversation's last request and the provider's cache TTL.
+    now: float | None = None
 
 
 @dataclass(frozen=True)
@@ -176,9 +179,10 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         window = max(1, window - min(req.reserve_tokens, window // 2))
 
     def decide(p: Prepared) -> Prepared:
+        t = judge(env, p, state.meta, req.now)
         decision = planner.decide(
             p.forwarded_tokens, s, context_window=window, bypass=bypass,
-            cooling_down=state.cooling, pays=pays(env, p, state.meta),
+            cooling_down=state.cooling, pays=t.pays, cold=t.cold, hold_reason=t.reason,
             shadow=controls.shadow, skip_reason=controls.skip,
         )  # fmt: skip
         return p.but(decision=decision)
@@ -196,6 +200,11 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         d = p.decision
         llm_next = d.action in ("background", "inline") and d.use_llm
         pruned = yield from _work(req, _pruned, env, p, s.prune_clear_at_least, llm_next)
+        if pruned.record is not None and d.reason.startswith(planner.HOLD):
+            # The summary tier would not pay now; a pruning (no LLM call) may on its own.
+            after = pruned.record.tokens_after
+            if not judge(env, p, state.meta, req.now, after=after, llm=False).pays:
+                pruned = Outcome(pruned.case, None, "pruning would not pay yet")
         if pruned.record is not None:
             yield from persist(p, pruned)
             p = decide((yield from _work(req, reviewed, env, p, pruned.record)))
@@ -227,29 +236,24 @@ def _pruned(env: Env, p: Prepared, at_least: int, llm_next: bool) -> Outcome:
     return candidates.verdict(env, p, pruning, llm_next=llm_next)
 
 
-def pays(env: Env, p: Prepared, meta: Any) -> bool:
-    """``policy: cost``: whether compacting now is expected to save money overall."""
-    s = env.settings
-    if s.policy != "cost" or p.forwarded_tokens <= s.trigger_tokens:
-        return True
-    meta = meta if isinstance(meta, dict) else {}
-    requests = meta.get("requests", 0)
-    prompt = meta.get("prompt_tokens", 0)
-    cached = meta.get("cached_tokens", 0)
-    expected_after = min(
-        p.forwarded_tokens,
-        sum(p.forwarded_counts[: p.head_len]) + s.verbatim_window_tokens + s.summary_budget_tokens,
-    )
-    net = costs.expected_net_saving(
-        costs.prices_for(p.model),
-        forwarded_tokens=p.forwarded_tokens,
-        expected_after=expected_after,
-        cached_share=cached / prompt if prompt else 0.0,
-        horizon=max(1, min(int(requests), s.cost_horizon_requests)),
-        anthropic=provider_family(p.model) == "anthropic",
-        summary_tokens=s.summary_budget_tokens,
-    )
-    return net > 0
+def judge(
+    env: Env,
+    p: Prepared,
+    meta: Any,
+    now: float | None,
+    *,
+    after: int | None = None,
+    llm: bool = True,
+) -> timing.Timing:
+    """``policy: cost``: whether compacting ``p`` now pays, given the conversation's ledger
+    row (``meta``) and the time (``timing.judge``)."""
+    record = p.record
+    return timing.judge(
+        env.settings, p.model, forwarded_tokens=p.forwarded_tokens,
+        head_tokens=sum(p.forwarded_counts[: p.head_len]), meta=meta, now=now,
+        record=record.prefix_hash if record else None, record_case=record.case if record else None,
+        after=after, llm=llm, llm_model=env.settings.summary_model,
+    )  # fmt: skip
 
 
 def stabilise(

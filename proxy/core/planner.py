@@ -15,6 +15,7 @@ from proxy.core.settings import CompactionSettings
 from proxy.core.types import Case, CaseName
 
 Action = Literal["forward", "background", "inline"]
+HOLD = "cost policy: "  # a decision held back because compacting now would not pay
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ def decide(
     pays: bool = True,
     shadow: bool = False,
     skip_reason: str | None = None,
+    cold: bool = False,
+    hold_reason: str | None = None,
 ) -> Decision:
     """The one compaction decision, used by every route and by the hook.
 
@@ -59,6 +62,8 @@ def decide(
         context_window=context_window,
         cooling_down=cooling_down,
         pays=pays,
+        cold=cold,
+        hold_reason=hold_reason,
     )
     if shadow and decision.action == "inline":
         return Decision(
@@ -77,6 +82,8 @@ def _decide(
     context_window: int | None,
     cooling_down: bool,
     pays: bool,
+    cold: bool = False,
+    hold_reason: str | None = None,
 ) -> Decision:
     if not settings.enabled:
         return Decision("forward", "compaction disabled", use_llm=False)
@@ -95,7 +102,13 @@ def _decide(
     if cooling_down:
         return Decision("forward", "cooling down after a failed compaction", use_llm=False)
     if not pays:
-        return Decision("forward", "cost policy: compacting would not pay yet", use_llm=False)
+        why = hold_reason or "compacting would not pay yet"
+        return Decision("forward", f"{HOLD}{why}", use_llm=False)
+    if cold:
+        # The cached prefix is gone anyway: compacting this request breaks nothing, and
+        # in the background the compaction would land on the next one, warm again.
+        why = hold_reason or "cache cold"
+        return Decision("inline", f"over trigger, {why}", limit_tokens=limit)
     if settings.mode == "inline":
         return Decision("inline", "over trigger (inline mode)", limit_tokens=limit)
     return Decision("background", "over trigger (background mode)", limit_tokens=limit)
@@ -227,6 +240,43 @@ def plan_cut(
     if latest is None or latest < start:
         latest = start
     return CutPlan(head_len, body_start, start, latest, tuple(cuts))
+
+
+def widen(
+    plan: CutPlan,
+    counts: Sequence[int],
+    kept_before: Sequence[int],
+    note_tokens: int,
+    target_tokens: int,
+) -> CutPlan | None:
+    """No treadmill: ``plan`` with its verbatim start moved to the earliest legal cut whose
+    result fits ``target_tokens``, or None when even the latest cut does not fit.
+
+    A compaction that lands just under the trigger fires again a request or two later, each
+    time paying the detector and summarizer and breaking the cached prefix. ``kept_before[c]``:
+    tokens staying before cut c (head, pins); ``note_tokens``: the summary's.
+    """
+    suffix = [0] * (len(counts) + 1)
+    for i in range(len(counts) - 1, -1, -1):
+        suffix[i] = suffix[i + 1] + counts[i]
+    for c in plan.cuts:
+        if plan.verbatim_start <= c <= plan.latest_cut:
+            if kept_before[c] + note_tokens + suffix[c] <= target_tokens:
+                if c == plan.verbatim_start:
+                    return plan
+                return CutPlan(plan.head_len, plan.body_start, c, plan.latest_cut, plan.cuts)
+    return None
+
+
+def target_tokens(settings: CompactionSettings) -> int:
+    """What an optional compaction must leave at most (``compact_to_share`` of the trigger)."""
+    return max(1, int(settings.trigger_tokens * settings.compact_to_share))
+
+
+def over_limit(forwarded_tokens: int, decision: Decision) -> bool:
+    """Whether the request is over its hard limit: the compaction is forced, not optional."""
+    limit = decision.limit_tokens
+    return limit is not None and forwarded_tokens > limit
 
 
 def choose_case(

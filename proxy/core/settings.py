@@ -23,7 +23,7 @@ class CompactionSettings:
     truncate_keeps_note: bool = True
     # shadow: plan and compact in the background, forward exactly what the client sent.
     mode: Literal["background", "inline", "shadow"] = "background"
-    policy: Literal["tokens", "cost"] = "tokens"
+    policy: Literal["tokens", "cost"] = "cost"
     cooldown_s: float = 300.0
     soft_cooldown_s: float = 30.0
     llm_timeout_s: float = 120.0
@@ -34,6 +34,18 @@ class CompactionSettings:
     detector_chars_per_message: int = 1000
     key_references_max_chars: int = 600
     cost_horizon_requests: int = 20
+    # The providers' prompt-cache time to live (DESIGN §11; docs: Anthropic 5 minutes,
+    # OpenAI 5-10 minutes of inactivity): past it the cache is cold and a compaction breaks
+    # nothing. Used by ``policy: cost`` and to price the counterfactual in the ledger.
+    cache_ttl_anthropic_s: float = 300.0
+    cache_ttl_openai_s: float = 600.0
+    cache_ttl_other_s: float = 300.0
+    # No treadmill: a compaction must leave the forwarded history at most this share of the
+    # trigger (its cut is moved later when it would not, or it is not done), and two LLM
+    # compactions of one conversation are this many requests apart at least, unless the
+    # emergency bound or the context window forces one.
+    compact_to_share: float = 0.5
+    min_requests_between_compactions: int = 5
     tier_l1_requests: int = 1
     tier_l2_requests: int = 3
     tier_l3_requests: int = 10

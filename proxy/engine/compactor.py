@@ -195,10 +195,12 @@ class Compactor:
         outside_cache_marks: int = 0,
         summary_joins: bool = False,
         reserve_tokens: int = 0,
+        now: float | None = None,
     ) -> Prepared:
         """Identify, substitute, count and decide; compact inline when the decision says so
         (``flow_prepare.Request`` documents the arguments; ``bypass`` is short for
-        ``controls`` that forward as sent)."""
+        ``controls`` that forward as sent). ``now``: the request's time (default: the clock;
+        a replay passes its own)."""
         if controls is None:
             controls = Controls("bypassed by x-compaction: off", "off") if bypass else Controls()
         request = flow_prepare.Request(
@@ -213,6 +215,7 @@ class Compactor:
             outside_cache_marks=outside_cache_marks,
             summary_joins=summary_joins,
             reserve_tokens=reserve_tokens,
+            now=time.time() if now is None else now,
         )
         flow = flow_prepare.prepare(self.env, messages, request)
         return await self.run(flow, off_loop=len(messages) >= STEP_OFFLOAD_MESSAGES)

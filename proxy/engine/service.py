@@ -22,6 +22,7 @@ from proxy.adapters.health import StoreHealth, open_store_or_degraded
 from proxy.adapters.llm import LLM
 from proxy.adapters.store import Store, open_store
 from proxy.config import Config, load_prompt
+from proxy.core import billing
 from proxy.core.controls import request_controls
 from proxy.core.errors import ContextTooLong, StoreError
 from proxy.core.messages import Message
@@ -298,6 +299,7 @@ class Service:
             usage=usage,
             latency_s=latency,
             overhead_s=call.overhead_s,
+            cache_ttl_s=billing.rules_for(prepared.model, self.config.compaction).ttl_s,
         )
         self.compactor.writer.record(entry, prepared.original)
 

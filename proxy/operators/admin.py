@@ -24,9 +24,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from proxy.adapters.store import Store
-from proxy.core.errors import BadRequest, NotFound, Unauthorized
+from proxy.core.errors import BadRequest, NotFound, StoreError, Unauthorized
 from proxy.operators import reindex
 from proxy.operators.details import conversation_detail, histories, set_paused
+from proxy.operators.netmetrics import ledger_exposition
 from proxy.operators.queries import conversation_id, list_conversations, resolve, stats
 
 COOKIE_NAME = "compaction_proxy_admin"
@@ -165,6 +166,13 @@ async def metrics_endpoint(request: Request) -> Response:
     if res.metrics is None:
         raise NotFound("metrics are not enabled")
     body, content_type = await asyncio.to_thread(res.metrics.render)
+    try:
+        await res.compactor.writer.flush()
+        data = await asyncio.to_thread(stats, res.store, 1)
+        totals = data["totals"]
+        body = ledger_exposition(totals, data["headline"]["phantom"] is not None) + body
+    except StoreError:
+        pass  # the counters still answer while the store is down (store_up says so)
     return Response(body, media_type=content_type)
 
 

@@ -13,7 +13,7 @@ from proxy.core.messages import SUMMARY_PREFIX, text_of
 from proxy.operators.charts import legend, request_chart
 from proxy.operators.formatting import fmt_int, fmt_pct
 from proxy.operators.html import badge, esc, fmt_ts, plural, render, tile
-from proxy.operators.overview_page import usd_tile
+from proxy.operators.overview_page import usd_note, usd_tile
 
 MESSAGE_PREVIEW_CHARS = 1200
 VERBATIM_PREVIEW_CHARS = 160
@@ -230,13 +230,13 @@ def histories_html(hist: dict[str, Any]) -> str:
 def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
     meta = detail["meta"]
     tiles = (
-        tile("requests", "Requests", fmt_int(meta["requests"]), meta["requests"])
+        usd_tile(meta, usd_note(meta))  # net first (#25), gross in its note
+        + tile("requests", "Requests", fmt_int(meta["requests"]), meta["requests"])
         + tile(
             "saved-tokens", "Tokens saved", fmt_int(meta["saved_tokens"]), meta["saved_tokens"],
             f"of {fmt_int(meta['original_tokens'])} sent", accent=True,
         )
         + tile("saved-pct", "Saved", fmt_pct(meta["saved_pct"]), meta["saved_pct"])
-        + usd_tile(meta)
         + tile("compactions", "Compactions", fmt_int(meta["compactions"]), meta["compactions"],
                f"{fmt_int(meta['failures'])} failed")
         + tile("cache-hit", "Cache-hit rate", fmt_pct(100 * meta["cache_hit_rate"]),

@@ -9,9 +9,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from proxy.core import billing
 from proxy.core.modelmap import model_info
+from proxy.core.planner import HOLD, Decision
 from proxy.core.records import CompactionRecord
-from proxy.core.types import CaseName
+from proxy.core.types import SKIPPED_CASES, CaseName
 
 
 class PreparedView(Protocol):
@@ -39,6 +41,10 @@ class PreparedView(Protocol):
     def shadow(self) -> bool: ...
     @property
     def earlier_conversation(self) -> str | None: ...
+    @property
+    def decision(self) -> Decision: ...
+    @property
+    def reserve_tokens(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,13 @@ class RequestEntry:
     # The id the session had on its first request, before its first reply (see
     # fingerprint.conversation_id): that request's row joins this one.
     earlier_conversation: str | None = None
+    # Longer than the model's context window as the client sent it: what compaction took off
+    # is "kept within the window", never money saved (the client could not have sent it).
+    over_window: bool = False
+    # Why nothing was taken off this request (``held_reason``), for the phantom-savings report.
+    held: str | None = None
+    # The provider's prompt-cache TTL the counterfactual is priced with (``billing``).
+    cache_ttl_s: float | None = None
 
     @classmethod
     def of(
@@ -79,11 +92,16 @@ class RequestEntry:
         usage: Any,
         latency_s: float,
         overhead_s: float,
+        ts: float | None = None,
+        cache_ttl_s: float | None = None,
     ) -> RequestEntry:
-        """The entry for one prepared request and the upstream's usage (any API's shape)."""
+        """The entry for one prepared request and the upstream's usage (any API's shape).
+        ``ts``: when it was answered (default: now; a replay passes its own clock)."""
         prompt, cached, write, completion = usage_numbers(usage)
+        reserve = getattr(prepared, "reserve_tokens", 0) or 0
+        over = billing.over_window(prepared.model, prepared.original_tokens + reserve)
         return cls(
-            ts=time.time(),
+            ts=time.time() if ts is None else ts,
             tenant=prepared.tenant,
             conversation=prepared.conversation,
             model=prepared.model,
@@ -103,12 +121,21 @@ class RequestEntry:
             record=prepared.record.prefix_hash if prepared.record else None,
             shadow=prepared.shadow,
             earlier_conversation=prepared.earlier_conversation,
+            over_window=over and not prepared.shadow,
+            held=held_reason(prepared),
+            cache_ttl_s=cache_ttl_s,
         )
 
     @property
     def saved_tokens(self) -> int:
-        """Tokens really saved (none in shadow mode: see ``would_save_tokens``)."""
-        return 0 if self.shadow else self.would_save_tokens
+        """Tokens really saved (none in shadow mode: see ``would_save_tokens``; none over the
+        context window: see ``kept_tokens``)."""
+        return 0 if self.shadow or self.over_window else self.would_save_tokens
+
+    @property
+    def kept_tokens(self) -> int:
+        """Tokens taken off a request the client could not have sent: kept within the window."""
+        return self.would_save_tokens if self.over_window and not self.shadow else 0
 
     @property
     def would_save_tokens(self) -> int:
@@ -124,6 +151,46 @@ class RequestEntry:
 
     def would_save_usd(self) -> float:
         return self.would_save_tokens * _input_price(self.model)
+
+
+# Why a request went upstream as long as the client sent it (the phantom-savings report).
+HELD_REASONS = {
+    "below_trigger": "every conversation under the trigger",
+    "opt_out": "opted out (configured tenants or models, paused, x-compaction: off)",
+    "failing": "the summarizer failing (cooling down after failed compactions)",
+    "cache": "the cache making it unprofitable (cost policy, cache warm)",
+    "treadmill": "too soon after the last compaction (no treadmill)",
+    "policy": "the cost policy refusing",
+    "disabled": "compaction disabled",
+    "shadow": "shadow mode (measured only)",
+    "pending": "over the trigger, but no compaction worth doing was found yet",
+    "nothing_to_cut": "nothing that could be cut",
+}
+
+
+def held_reason(prepared: PreparedView) -> str | None:
+    """Why nothing was taken off ``prepared`` (a ``HELD_REASONS`` key); None when something was."""
+    if prepared.original_tokens > prepared.forwarded_tokens and not prepared.shadow:
+        return None
+    decision = getattr(prepared, "decision", None)
+    reason = decision.reason if decision is not None else ""
+    if prepared.shadow:
+        return "shadow"
+    if prepared.case in SKIPPED_CASES or getattr(prepared, "skipped", False):
+        return "opt_out"
+    if reason == "below trigger":
+        return "below_trigger"
+    if reason == "compaction disabled":
+        return "disabled"
+    if reason.startswith("cooling down"):
+        return "failing"
+    if reason.startswith("over trigger"):
+        return "pending"
+    if reason.startswith(HOLD):
+        if "treadmill" in reason:
+            return "treadmill"
+        return "cache" if "cache" in reason else "policy"
+    return "nothing_to_cut"
 
 
 def _input_price(model: str) -> float:

@@ -22,11 +22,13 @@ def derive(totals: dict[str, Any]) -> dict[str, Any]:
     out.setdefault("saved_usd", 0.0)
     out["saved_pct"] = round(100 * _ratio(out["saved_tokens"], out["original_tokens"]), 2)
     out["cache_hit_rate"] = round(_ratio(out["cached_tokens"], out["prompt_tokens"]), 4)
-    if "counterfactual_usd" in out:
-        # Net of cache misses, cache writes and detector/summarizer calls (ledger.net_usd).
-        out["net_saved_usd"] = (
-            out["counterfactual_usd"] - out.get("actual_usd", 0.0) - out.get("llm_usd", 0.0)
-        )
+    # Net of cache misses, cache writes and detector/summarizer calls (ledger.net_usd): the
+    # headline everywhere; ``saved_usd`` (saved tokens x input price) is the gross detail.
+    out["net_saved_usd"] = (
+        out.get("counterfactual_usd", 0.0) - out.get("actual_usd", 0.0) - out.get("llm_usd", 0.0)
+    )
+    out.setdefault("kept_within_window", 0)
+    out.setdefault("kept_window_tokens", 0)
     shadow = out.get("shadow")
     if isinstance(shadow, dict):
         # Shadow mode: what compaction would have saved; its detector/summarizer calls were

@@ -35,7 +35,7 @@ MODELS = "ix:models"
 # The list's numeric columns besides last_seen (the ``ix:seen`` score), each with an index.
 SORTED = (
     "first_seen", "requests", "messages", "original_tokens", "forwarded_tokens",
-    "saved_tokens", "saved_pct", "saved_usd", "compactions", "cached_tokens",
+    "saved_tokens", "saved_pct", "saved_usd", "compactions", "cached_tokens", "net_saved_usd",
 )  # fmt: skip
 SWEEP_BATCH = 200  # members dropped per flush at most (the rest go on the next ones)
 

@@ -7,17 +7,18 @@ way: the proxy's own token counts of the original and forwarded histories.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from proxy.adapters.store import Store, get_list
-from proxy.core import costs
+from proxy.core import billing, costs
 from proxy.core.errors import StoreError
 from proxy.core.records import conv_key
 from proxy.core.types import Case, CaseName
-from proxy.operators import index
+from proxy.operators import index, phantom
 from proxy.operators.entry import RequestEntry as RequestEntry
 from proxy.operators.entry import usage_numbers as usage_numbers
 from proxy.operators.events import as_event, split
@@ -57,6 +58,12 @@ def _add(totals: dict[str, Any], entry: RequestEntry) -> dict[str, Any]:
         shadow["forwarded_tokens"] = shadow.get("forwarded_tokens", 0) + entry.forwarded_tokens
         shadow["saved_tokens"] = shadow.get("saved_tokens", 0) + entry.would_save_tokens
         shadow["saved_usd"] = shadow.get("saved_usd", 0.0) + entry.would_save_usd()
+    if entry.over_window:
+        totals["kept_within_window"] = totals.get("kept_within_window", 0) + 1
+        totals["kept_window_tokens"] = totals.get("kept_window_tokens", 0) + entry.kept_tokens
+    if entry.held and entry.status < 400:
+        held = totals.setdefault("held", {})
+        held[entry.held] = held.get(entry.held, 0) + 1
     if entry.case in (Case.OPT_OUT, Case.CLIENT_COMPACTION, Case.HEALED):
         keys = {Case.CLIENT_COMPACTION: "client_compactions", Case.HEALED: "healed"}
         key = keys.get(entry.case, "opted_out")
@@ -96,12 +103,22 @@ def _conv_apply(
     meta = meta if isinstance(meta, dict) else {"first_seen": entry.ts}
     if entry.status < 400 and entry.shadow:
         shadow_saving.append(_shadow_saving(meta, entry))
+    elif entry.status < 400 and entry.over_window:
+        # The client could not have sent it: no counterfactual, so no saving either, and
+        # nothing of it in the counterfactual cache of the next request.
+        meta["last_original_tokens"] = 0
     elif entry.status < 400:
-        found = costs.request_saving(
+        rules = billing.rules_for(entry.model)
+        if entry.cache_ttl_s is not None:
+            rules = dataclasses.replace(rules, ttl_s=entry.cache_ttl_s)
+        last = meta.get("last_seen")
+        found = billing.request_saving(
             costs.prices_for(entry.model),
+            rules,
             original_tokens=entry.original_tokens,
             forwarded_tokens=entry.forwarded_tokens,
             previous_original_tokens=meta.get("last_original_tokens", 0),
+            idle_s=entry.ts - last if isinstance(last, int | float) else None,
             cached=entry.cached_tokens,
             written=entry.cache_write_tokens,
         )
@@ -220,7 +237,8 @@ def record_batch(
             _add_saving(totals.setdefault("shadow", {}), saving)
         return totals
 
-    store.update(TOTALS_KEY, totals_update, None)
+    totals = store.update(TOTALS_KEY, totals_update, None)
+    phantom.warn(totals, len(batch))
     # The operators' indexes, and what has expired out of them (index: O(page) reads).
     index.add(store, [s for s in seen if (s.tenant, s.conversation) not in adopted])
     if retention_s:

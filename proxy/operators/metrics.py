@@ -34,6 +34,7 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from proxy.core import billing
 from proxy.core.modelmap import model_info
 from proxy.core.types import COMPACTION_CASES, Case, Failure
 from proxy.operators.events import as_event
@@ -124,7 +125,8 @@ class Metrics:
         )
         self.saved_usd = Counter(
             f"{PREFIX}_saved_usd",
-            "Estimated dollars saved: saved tokens x the model's input price (LiteLLM map).",
+            "Gross dollars saved: saved tokens x the model's input price (LiteLLM map); the "
+            "net figure is compaction_proxy_net_saved_usd.",
             tokens,
             registry=r,
         )
@@ -277,6 +279,9 @@ class Metrics:
                 self.shadow_saved_tokens.labels(route, model).inc(would)
                 forwarded = original
             saved = max(original - forwarded, 0)
+            reserve = getattr(prepared, "reserve_tokens", 0) or 0
+            if saved and billing.over_window(prepared.model, original + reserve):
+                saved = 0  # kept within the context window: not a saving (ledger gauges)
             c.original_tokens.inc(original)
             c.forwarded_tokens.inc(forwarded)
             c.saved_tokens.inc(saved)

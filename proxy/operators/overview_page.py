@@ -19,6 +19,7 @@ from proxy.operators.html import (
     short,
     tile,
 )
+from proxy.operators.phantom import phantom
 
 PER_PAGE = 25
 CHART_HOURS = 24
@@ -27,7 +28,8 @@ CHART_HOURS = 24
 def overview_tiles(totals: dict[str, Any]) -> str:
     cancelled = totals.get("cancelled")
     return (
-        tile(
+        usd_tile(totals, usd_note(totals))
+        + tile(
             "saved-tokens", "Tokens saved", fmt_int(totals["saved_tokens"]),
             totals["saved_tokens"], f"of {fmt_int(totals['original_tokens'])} sent", accent=True,
         )
@@ -35,7 +37,6 @@ def overview_tiles(totals: dict[str, Any]) -> str:
             "saved-pct", "Saved", fmt_pct(totals["saved_pct"]), totals["saved_pct"],
             f"{fmt_int(totals['forwarded_tokens'])} forwarded",
         )
-        + usd_tile(totals, usd_note(totals))
         + tile(
             "compactions", "Compactions", fmt_int(totals.get("compactions")),
             totals.get("compactions", 0), f"{fmt_int(totals.get('compaction_failures'))} failed",
@@ -85,23 +86,40 @@ def rollout_card(totals: dict[str, Any]) -> str:
 
 
 def usd_tile(figures: dict[str, Any], note: str = "") -> str:
-    """Dollars saved; "n/a" (not a green $0) when no request had a model with a known price."""
+    """The headline: net dollars saved (after cache misses, cache writes and the detector and
+    summarizer calls); "n/a" (not a green $0) when no request had a model with a known price.
+    The gross figure is the detail under it (``usd_note``)."""
     text = fmt_usd_known(
-        figures["saved_usd"], figures.get("requests"), figures.get("unpriced_requests")
+        figures["net_saved_usd"], figures.get("requests"), figures.get("unpriced_requests")
     )
     if text == "n/a":
         note = "no price known for these models (LiteLLM's map)"
-        return tile("saved-usd", "Dollars saved", text, "n/a", note)
+        return tile("saved-usd", "Net dollars saved", text, "n/a", note)
     unpriced = int(figures.get("unpriced_requests") or 0)
     if unpriced:
         note = f"{note}; {plural(unpriced, 'request')} without a known price left out"
-    return tile("saved-usd", "Dollars saved", text, figures["saved_usd"], note, accent=True)
+    value = figures["net_saved_usd"]
+    return tile("saved-usd", "Net dollars saved", text, value, note, accent=value > 0)
 
 
 def usd_note(totals: dict[str, Any]) -> str:
-    if "net_saved_usd" in totals:
-        return f"{fmt_usd(totals['net_saved_usd'])} net of cache misses and compaction calls"
-    return "at each model's input price"
+    kept = int(totals.get("kept_within_window") or 0)
+    note = (
+        f"gross {fmt_usd(totals['saved_usd'])} at each model's input price, before cache "
+        "misses, cache writes and compaction calls"
+    )
+    if kept:
+        note += f"; {plural(kept, 'request')} kept within the context window (not savings)"
+    return note
+
+
+def phantom_card(totals: dict[str, Any]) -> str:
+    """The phantom-savings warning (``phantom.phantom``), or nothing."""
+    warning = phantom(totals)
+    if not warning:
+        return ""
+    text = f"<p><b>Phantom savings</b>: {esc(warning)}</p>"
+    return f'<section class="card" id="phantom">{text}</section>'
 
 
 # (row key, header, sort key or None when the column does not sort)
@@ -115,7 +133,8 @@ _COLUMNS = [
     ("forwarded_tokens", "Forwarded tokens", "forwarded_tokens"),
     ("saved_tokens", "Saved", "saved_tokens"),
     ("saved_pct", "Saved %", "saved_pct"),
-    ("saved_usd", "$ saved", "saved_usd"),
+    ("net_saved_usd", "Net $", "net_saved_usd"),
+    ("saved_usd", "Gross $", "saved_usd"),
     ("compactions", "Compactions", "compactions"),
     ("last_case", "Last case", None),
     ("last_seen", "Last seen", "last_seen"),
@@ -157,6 +176,9 @@ def _row(c: dict[str, Any]) -> str:
         forwarded_tokens=fmt_int(c["forwarded_tokens"]),
         saved_tokens=fmt_int(c["saved_tokens"]),
         saved_pct=fmt_pct(c["saved_pct"]),
+        net_saved_usd=esc(
+            fmt_usd_known(c["net_saved_usd"], c.get("requests"), c.get("unpriced_requests"))
+        ),
         saved_usd=esc(fmt_usd_known(c["saved_usd"], c.get("requests"), c.get("unpriced_requests"))),
         compactions=fmt_int(c["compactions"]),
         case=badge(c.get("last_case")),
@@ -210,7 +232,7 @@ def overview_body(data: dict[str, Any], listing: dict[str, Any], params: dict[st
     return render(
         "overview",
         tiles=overview_tiles(totals),
-        rollout=rollout_card(totals),
+        rollout=phantom_card(totals) + rollout_card(totals),
         hours=CHART_HOURS,
         legend=legend(),
         chart=hourly_chart(data["hourly"]),

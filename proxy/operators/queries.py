@@ -19,12 +19,13 @@ from proxy.core.records import conv_key
 from proxy.operators import index
 from proxy.operators.figures import derive
 from proxy.operators.ledger import TOTALS_KEY
+from proxy.operators.phantom import phantom
 
 SORT_KEYS = frozenset(
     {
         "last_seen", "first_seen", "requests", "messages", "original_tokens",
-        "forwarded_tokens", "saved_tokens", "saved_pct", "saved_usd", "compactions",
-        "cached_tokens", "model", "tenant",
+        "forwarded_tokens", "saved_tokens", "saved_pct", "saved_usd", "net_saved_usd",
+        "compactions", "cached_tokens", "model", "tenant",
     }
 )  # fmt: skip
 MAX_PER_PAGE = 500
@@ -65,7 +66,19 @@ def stats(store: Store, hours: int = 48, now: float | None = None) -> dict[str, 
         row.setdefault("compactions", 0)
         row.update(hour=key, ts=ts)
         series.append(row)
-    return {"totals": totals, "hourly": series, "generated_at": now}
+    return {"headline": headline(totals), "totals": totals, "hourly": series, "generated_at": now}
+
+
+def headline(totals: dict[str, Any]) -> dict[str, Any]:
+    """What every operators' view leads with: net dollars saved (after cache misses, cache
+    writes and the detector/summarizer calls), then the gross figure, the requests kept
+    within the context window (not savings), and the phantom-savings message if any."""
+    return {
+        "net_saved_usd": totals["net_saved_usd"],
+        "gross_saved_usd": totals["saved_usd"],
+        "kept_within_window": totals["kept_within_window"],
+        "phantom": phantom(totals),
+    }
 
 
 def _row(store: Store, name: str) -> dict[str, Any] | None:

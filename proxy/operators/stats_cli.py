@@ -17,6 +17,7 @@ from proxy.config import Config
 from proxy.core.errors import StoreError
 from proxy.operators import queries, reindex
 from proxy.operators.formatting import fmt_int, fmt_usd, fmt_usd_known
+from proxy.operators.phantom import phantom
 
 
 def _when(ts: Any) -> str:
@@ -80,27 +81,21 @@ def _rollout_lines(totals: dict[str, Any]) -> list[tuple[str, str]]:
 
 def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], source: str) -> str:
     """The report printed by ``compaction-proxy stats``."""
+    known = (totals["requests"], totals.get("unpriced_requests"))
     summary = [
+        # Net first (#25): what the bill shows, after cache misses, cache writes and the
+        # detector/summarizer calls; the gross figure is the detail under it.
+        ("net dollars saved", fmt_usd_known(totals["net_saved_usd"], *known)),
+        ("gross (saved tokens x input price)", fmt_usd_known(totals["saved_usd"], *known)),
         ("requests", fmt_int(totals["requests"])),
         ("conversations", fmt_int(totals.get("conversations"))),
         ("original tokens", fmt_int(totals["original_tokens"])),
         ("forwarded tokens", fmt_int(totals["forwarded_tokens"])),
         ("tokens saved", f"{fmt_int(totals['saved_tokens'])} ({totals['saved_pct']:.1f}%)"),
         (
-            "dollars saved",
-            fmt_usd_known(totals["saved_usd"], totals["requests"], totals.get("unpriced_requests")),
-        ),
-        *(
-            [
-                (
-                    "net of cache and LLM costs",
-                    fmt_usd_known(
-                        totals["net_saved_usd"], totals["requests"], totals.get("unpriced_requests")
-                    ),
-                )
-            ]
-            if "net_saved_usd" in totals
-            else []
+            "kept within the window",
+            f"{fmt_int(totals.get('kept_within_window'))} requests, "
+            f"{fmt_int(totals.get('kept_window_tokens'))} tokens (not counted as saved)",
         ),
         ("compactions", fmt_int(totals.get("compactions"))),
         ("compaction failures", fmt_int(totals.get("compaction_failures"))),
@@ -117,13 +112,16 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
     lines = [f"compaction-proxy stats ({source})", ""]
     lines += [f"  {k.ljust(label_width)}  {v}" for k, v in summary]
     lines.append("")
+    warning = phantom(totals)
+    if warning:
+        lines += [f"Phantom savings: {warning}", ""]
     if not conversations:
         lines.append("No conversations recorded yet.")
         return "\n".join(lines)
     lines.append(f"Top {len(conversations)} conversations by tokens saved")
     headers = [
         "TENANT", "CONVERSATION", "MODEL", "REQS", "ORIGINAL", "FORWARDED", "SAVED", "SAVED%",
-        "$ SAVED", "COMPACTIONS", "LAST SEEN (UTC)",
+        "NET $", "GROSS $", "COMPACTIONS", "LAST SEEN (UTC)",
     ]  # fmt: skip
     rows = [
         [
@@ -135,13 +133,14 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
             fmt_int(c["forwarded_tokens"]),
             fmt_int(c["saved_tokens"]),
             f"{c['saved_pct']:.1f}%",
+            fmt_usd_known(c["net_saved_usd"], c["requests"], c.get("unpriced_requests")),
             fmt_usd_known(c["saved_usd"], c["requests"], c.get("unpriced_requests")),
             fmt_int(c["compactions"]),
             _when(c.get("last_seen")),
         ]
         for c in conversations
     ]
-    lines.append(table(headers, rows, right=set(range(3, 10))))
+    lines.append(table(headers, rows, right=set(range(3, 11))))
     return "\n".join(lines)
 
 

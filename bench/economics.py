@@ -1,0 +1,395 @@
+"""Net billed dollars of agent sessions replayed through the compaction core (issue #25).
+
+    python -m bench.economics [--smoke] [--runs DIR] [--json PATH]
+
+Sessions: the synthetic 300-request agent session (``bench.agent_session``) and every recorded
+real agent run in ``tests/replay/runs/*.json`` (the neutral format; each replayed open loop in
+the chat-completions shape of ``tests.replay.shapes.chat_body``: before each assistant turn
+the client resends its whole history). Each session goes through ``Compactor`` in process
+(a diskcache store, the ledger written after every request as the service writes it, the
+scripted detector and summarizer of ``bench.agent_session``: ``extractive`` for the synthetic
+session, ``digits`` for the recorded runs) on a simulated clock (``now`` passed in): one
+request every ``STEP_S`` seconds, so the cache stays warm; the synthetic session runs a second
+time with a 10-minute break before each of its 20 user instructions (past both providers'
+TTLs: the cost policy's cache-cold path).
+
+Each session is priced as billed with Anthropic's rules (``claude-sonnet-4-5``: reads 0.1x,
+writes 1.25x, 5-minute TTL) and with OpenAI's (``gpt-4o``: reads 0.5x, 128-token steps), with
+``proxy.core.billing``: a request's cached prefix is its longest common prefix (whole
+messages, cache marks aside) with the previous request. Three ways of sending it:
+
+- **unchanged**: the client's history as sent, with its own cache; only where it fits the
+  model's context window (requests past it are "kept within the window", not compared);
+- **client compacts**: the client summarizes its own history once it passes 85% of the
+  window (one call reading it all, its prefix cached, writing a 2,000-token summary) and
+  continues from system + summary (Claude Code's and Codex's auto-compaction, roughly);
+- **proxy**: what the core forwards, plus its detector and summarizer calls (uncached).
+
+Reported per session, provider and policy (``cost``, the default, and ``tokens``): the proxy's
+billed $ over the whole session (requests, output and its detector/summarizer calls); the
+unchanged traffic's $ over the requests that fit the window, and the proxy's $ over those same
+requests (and the calls made meanwhile) ÷ it; the client-compacting traffic's $ and the proxy's
+÷ it, both over the whole session; cache-write ÷ cache-read tokens (OpenAI bills no writes:
+there, uncached ÷ cached input) for the proxy and for unchanged, and the proxy's cache writes
+÷ unchanged's over the same requests; prefix breaks; LLM calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from bench import agent_session
+from proxy.adapters.store import DiskStore
+from proxy.config import load_prompt
+from proxy.core import billing, costs
+from proxy.core.modelmap import context_window
+from proxy.core.prepared import Prompts
+from proxy.core.settings import CompactionSettings
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import Compactor
+from proxy.operators import ledger
+
+Message = dict[str, Any]
+PROVIDERS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
+STEP_S = 20.0  # seconds between two requests of a session (an agent's tool round)
+CLIENT_COMPACTS_AT = 0.85  # share of the window at which the client compacts itself
+CLIENT_SUMMARY_TOKENS = 2000
+RUNS = Path(__file__).resolve().parent.parent / "tests" / "replay" / "runs"
+
+
+@dataclass(frozen=True)
+class Session:
+    name: str
+    requests: list[list[Message]]  # the client's history before each assistant turn
+    replies: list[Message]  # the assistant turn each request is answered with
+    # The scripted summarizer (``bench.agent_session``): ``extractive`` keeps the planted
+    # facts of the synthetic session; a recorded run has none, so ``digits`` (the lines with
+    # a digit or a path) stands in for a model there.
+    summarizer: str = "extractive"
+    # Seconds of idle before a request that opens a new user instruction (0: none), e.g. a
+    # developer reading the agent's answer before typing the next step.
+    break_s: float = 0.0
+
+
+def synthetic(requests: int) -> Session:
+    msgs = agent_session.session(requests)
+    ends = [i for i, m in enumerate(msgs) if m["role"] == "assistant"][:requests]
+    return Session(f"synthetic agent ({requests} requests)", [msgs[:e] for e in ends],
+                   [msgs[e] for e in ends])  # fmt: skip
+
+
+def recorded(path: Path) -> Session:
+    from tests.replay import shapes  # the corpus's own renderer (tests/replay)
+
+    run = json.loads(path.read_text())
+    turns = run["turns"]
+    requests, replies = [], []
+    for step in shapes.steps({**run, "agent": "chat"}, "gpt-4o"):
+        body = shapes.chat_body(run, turns[: step.turns], "gpt-4o")
+        requests.append(body["messages"])
+        after = shapes.chat_body(run, turns[: step.turns + 1], "gpt-4o")["messages"]
+        replies.append(after[-1])
+    return Session(f"{run.get('agent')} {path.stem}", requests, replies, "digits")
+
+
+def _plain(m: Message) -> bytes:
+    """A message as the provider's cache sees it: cache marks aside, one text part as text."""
+    content = m.get("content")
+    if isinstance(content, list):
+        parts = [{k: v for k, v in p.items() if k != "cache_control"} for p in content]
+        if len(parts) == 1 and parts[0].get("type") == "text":
+            content = parts[0].get("text")
+        else:
+            content = parts
+    return orjson.dumps({**m, "content": content}, option=orjson.OPT_SORT_KEYS)
+
+
+def common_prefix(a: list[bytes], b: list[bytes], counts: list[int]) -> tuple[int, bool]:
+    """Tokens of ``b``'s leading messages equal to ``a``'s, and whether all of ``a`` is one."""
+    total = n = 0
+    for x, y, c in zip(a, b, counts, strict=False):
+        if x != y:
+            break
+        total, n = total + c, n + 1
+    return total, n == len(a)
+
+
+@dataclass
+class Side:
+    """One way of sending a session, billed request by request."""
+
+    usd: float = 0.0
+    read: int = 0
+    written: int = 0
+    uncached: int = 0
+    breaks: int = 0
+    calls: int = 0
+    calls_usd: float = 0.0
+    requests: int = 0
+
+    def add(self, b: billing.Bill) -> None:
+        self.usd += b.usd
+        self.read += b.cached
+        self.written += b.written
+        self.uncached += b.prompt - b.cached - b.written
+        self.requests += 1
+
+    def write_read(self, rules: billing.CacheRules) -> float:
+        missed = self.written if rules.writes_billed else self.uncached
+        return missed / self.read if self.read else 0.0
+
+
+@dataclass
+class Result:
+    session: str
+    provider: str
+    policy: str
+    trigger: int
+    requests: int
+    peak_original: int
+    fits: int  # requests that fit the window as sent
+    proxy: Side = field(default_factory=Side)
+    proxy_fit_usd: float = 0.0  # the proxy's requests and calls while the history fitted
+    proxy_fit_missed: int = 0  # cache writes (OpenAI: uncached input) while it fitted
+    unchanged: Side = field(default_factory=Side)
+    client: Side = field(default_factory=Side)
+    compactions: dict[str, int] = field(default_factory=dict)
+
+
+async def replay(
+    session: Session, provider: str, settings: CompactionSettings, counter: TokenCounter
+) -> Result:
+    model = PROVIDERS[provider]
+    prices, rules = costs.prices_for(model), billing.rules_for(model, settings)
+    window = context_window(model) or 10**9
+    llm = agent_session.ScriptedLLM(agent_session.SUMMARIZERS[session.summarizer], counter)
+    cases: dict[str, int] = {}
+
+    def on_event(event: dict[str, Any]) -> None:
+        cases[str(event.get("case"))] = cases.get(str(event.get("case")), 0) + 1
+
+    prompts = Prompts(detector=load_prompt("detector"), summarizer=load_prompt("summarizer"))
+    result = Result(session.name, provider, settings.policy, settings.trigger_tokens,
+                    len(session.requests), 0, 0)  # fmt: skip
+    prev_fwd: list[bytes] = []
+    prev_sent: list[bytes] = []
+    # The client's own compaction: the history size it happened at, what replaced it, its
+    # last request's size, and the prefix its first request after it shares (the head).
+    client_epoch = client_base = client_prev = client_fresh = 0
+    now = 0.0
+    with tempfile.TemporaryDirectory(prefix="bench-economics-") as tmp:
+        store = DiskStore(tmp)
+        engine = Compactor(settings, store, llm, prompts, counter=counter, on_event=on_event)
+        for i, (history, reply) in enumerate(zip(session.requests, session.replies, strict=True)):
+            pause = session.break_s if i and history[-1].get("role") == "user" else 0.0
+            idle = STEP_S + pause if i else None
+            now += idle or 0.0
+            calls_before = llm.prompt_tokens, llm.completion_tokens
+            p = await engine.prepare(history, model=model, tenant="bench", credential="k", now=now)
+            output = counter.count_message(reply, model)
+            original = p.original_tokens
+            result.peak_original = max(result.peak_original, original)
+            # The proxy: what it forwarded, its prefix against the previous one.
+            fwd = [_plain(m) for m in p.forwarded]
+            common, kept = common_prefix(prev_fwd, fwd, p.forwarded_counts)
+            result.proxy.breaks += int(bool(prev_fwd) and not kept)
+            cached = billing.cached_prefix(rules, common, idle)
+            bill = billing.bill(prices, rules, p.forwarded_tokens, cached, output)
+            result.proxy.add(bill)
+            prev_fwd = fwd
+            # Unchanged: the client's history, its prefix against the previous one.
+            sent = [_plain(m) for m in history]
+            common_sent, _ = common_prefix(prev_sent, sent, p.original_counts)
+            prev_sent = sent
+            fits = original <= window
+            if fits:
+                result.fits += 1
+                was = billing.cached_prefix(rules, common_sent, idle)
+                result.unchanged.add(billing.bill(prices, rules, original, was, output))
+                result.proxy_fit_usd += bill.usd
+                result.proxy_fit_missed += bill.prompt - bill.cached
+            # The client compacting by itself near the window.
+            if original - client_epoch + client_base > CLIENT_COMPACTS_AT * window:
+                size = original - client_epoch + client_base
+                was = billing.cached_prefix(rules, client_prev, idle)
+                call = billing.bill(prices, rules, size, was, CLIENT_SUMMARY_TOKENS)
+                result.client.calls += 1
+                result.client.calls_usd += call.usd
+                head = sum(p.original_counts[: p.head_len])
+                client_base = head + CLIENT_SUMMARY_TOKENS
+                client_epoch, client_fresh = original, head
+            size = original - client_epoch + client_base
+            # Within one of the client's epochs its prefix grows like the history it sends.
+            common_client = client_fresh or common_sent - client_epoch + client_base
+            client_fresh = 0
+            was = billing.cached_prefix(rules, max(min(common_client, size), 0), idle)
+            result.client.add(billing.bill(prices, rules, size, was, output))
+            client_prev = size
+            # The ledger entry, as the service writes it (the cost policy reads it back).
+            usage = {"prompt_tokens": p.forwarded_tokens, "completion_tokens": output,
+                     "prompt_tokens_details": {"cached_tokens": bill.cached},
+                     "cache_creation_input_tokens": bill.written}  # fmt: skip
+            entry = ledger.RequestEntry.of(
+                p, route="chat.completions", status=200, usage=usage, latency_s=0.0,
+                overhead_s=0.0, ts=now, cache_ttl_s=rules.ttl_s,
+            )  # fmt: skip
+            ledger.record_batch(store, [(entry, None)], None)
+            engine.schedule(p)
+            await engine.drain(timeout=120)  # the agent runs its tools meanwhile
+            spent_in = llm.prompt_tokens - calls_before[0]
+            spent_out = llm.completion_tokens - calls_before[1]
+            spent = spent_in * prices.input + spent_out * prices.output
+            result.proxy.calls_usd += spent
+            if fits:
+                result.proxy_fit_usd += spent
+        store.close()
+    result.proxy.calls = llm.calls
+    result.compactions = cases
+    return result
+
+
+def ratio(part: float, whole: float) -> float:
+    return part / whole if whole else 0.0
+
+
+def summary(r: Result) -> dict[str, Any]:
+    rules = billing.rules_for(PROVIDERS[r.provider])
+    proxy_usd = r.proxy.usd + r.proxy.calls_usd
+    client_usd = r.client.usd + r.client.calls_usd
+    llm = sum(r.compactions.get(c, 0) for c in ("summarize", "truncate"))
+    return {
+        "session": r.session, "provider": r.provider, "policy": r.policy, "trigger": r.trigger,
+        "requests": r.requests, "peak_original": r.peak_original, "fits": r.fits,
+        "passes_trigger": r.peak_original > r.trigger,
+        "proxy_usd": proxy_usd, "unchanged_usd": r.unchanged.usd, "client_usd": client_usd,
+        "vs_unchanged": ratio(r.proxy_fit_usd, r.unchanged.usd),
+        "vs_client": ratio(proxy_usd, client_usd),
+        "net_saved_vs_client": client_usd - proxy_usd,
+        "write_read_proxy": r.proxy.write_read(rules),
+        "missed_vs_unchanged": ratio(
+            r.proxy_fit_missed, r.unchanged.written + r.unchanged.uncached
+        ),
+        "write_read_unchanged": r.unchanged.write_read(rules),
+        "prefix_breaks": r.proxy.breaks, "llm_calls": r.proxy.calls,
+        "llm_compactions": llm, "prunings": r.compactions.get("prune", 0),
+        "emergencies": r.compactions.get("emergency", 0), "client_compactions": r.client.calls,
+    }  # fmt: skip
+
+
+def sessions(smoke: bool, runs: Path) -> list[tuple[Session, tuple[int, ...]]]:
+    """Each session with the triggers it runs at: the default, and for the recorded runs
+    (all under the default trigger) 8,000 too, so that their compactions are measured."""
+    agent = synthetic(agent_session.SMOKE_REQUESTS if smoke else 300)
+    breaks = dataclasses.replace(agent, name=f"{agent.name}, 10-minute breaks", break_s=600.0)
+    out = [(agent, (24_000,)), (breaks, (24_000,))]
+    for path in sorted(runs.glob("*.json"))[: 1 if smoke else None]:
+        out.append((recorded(path), (24_000, 8_000)))
+    return out
+
+
+def run(smoke: bool = False, runs: Path = RUNS, policies: tuple[str, ...] = ("cost", "tokens"),
+        log: Any = sys.stderr) -> list[dict[str, Any]]:  # fmt: skip
+    counter = TokenCounter()
+    results = []
+    for session, triggers in sessions(smoke, runs):
+        for trigger in triggers:
+            for provider in PROVIDERS:
+                for policy in policies:
+                    settings = CompactionSettings(trigger_tokens=trigger, policy=policy)  # type: ignore[arg-type]
+                    s = summary(asyncio.run(replay(session, provider, settings, counter)))
+                    print(f"{s['session']} trigger {trigger} {provider} {policy}: "
+                          f"{s['vs_unchanged']:.3f}x unchanged, {s['vs_client']:.3f}x client",
+                          file=log)  # fmt: skip
+                    results.append(s)
+    return results
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    out = [
+        "| session | trigger | provider | policy | requests (fit the window) | peak sent | "
+        "proxy $ | unchanged $ | ÷ unchanged | client compacts $ | ÷ client | "
+        "write÷read proxy / unchanged | writes ÷ unchanged's | prefix breaks | "
+        "LLM calls (compactions) | prunings |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in results:
+        out.append(
+            f"| {s['session']} | {s['trigger']:,} | {s['provider']} | {s['policy']} | "
+            f"{s['requests']} ({s['fits']}) | {s['peak_original']:,} | ${s['proxy_usd']:.3f} | "
+            f"${s['unchanged_usd']:.3f} | **{s['vs_unchanged']:.3f}×** | ${s['client_usd']:.3f} | "
+            f"{s['vs_client']:.3f}× | {s['write_read_proxy']:.3f} / "
+            f"{s['write_read_unchanged']:.3f} | {s['missed_vs_unchanged']:.2f}× | "
+            f"{s['prefix_breaks']} | "
+            f"{s['llm_calls']} ({s['llm_compactions']}) | {s['prunings']} |"
+        )
+    return "\n".join(out)
+
+
+def aims(results: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """Issue #25's aims over the default policy's rows, the worst session of each trigger and
+    provider: (aim, measured, verdict)."""
+    out: list[tuple[str, str, str]] = []
+    rows = [s for s in results if s["policy"] == "cost"]
+    for trigger in sorted({s["trigger"] for s in rows}, reverse=True):
+        for provider in PROVIDERS:
+            group = [s for s in rows if s["trigger"] == trigger and s["provider"] == provider]
+            if not group:
+                continue
+            where = f"trigger {trigger:,}, {provider}'s prices"
+            worst = max(group, key=lambda s: s["vs_unchanged"])
+            out.append((f"net $ ≤ 1.0× unchanged, every session ({where})",
+                        f"{worst['vs_unchanged']:.3f}× ({worst['session']})",
+                        "met" if worst["vs_unchanged"] <= 1.0 + 1e-9 else "missed"))  # fmt: skip
+            passing = [s for s in group if s["passes_trigger"]]
+            if passing:
+                worst = max(passing, key=lambda s: s["vs_unchanged"])
+                out.append((f"net $ ≤ 0.6× unchanged, sessions past the trigger ({where})",
+                            f"{worst['vs_unchanged']:.3f}× ({worst['session']})",
+                            "met" if worst["vs_unchanged"] <= 0.6 else "missed"))  # fmt: skip
+
+            def times(s: dict[str, Any]) -> float:
+                base = s["write_read_unchanged"]
+                return float(s["write_read_proxy"] / base) if base else 1.0
+
+            worst = max(group, key=times)
+            out.append((f"cache write ÷ read within 1.5× of unchanged's ({where})",
+                        f"{times(worst):.2f}× ({worst['session']})",
+                        "met" if times(worst) <= 1.5 else "missed"))  # fmt: skip
+    return out
+
+
+def aims_markdown(results: list[dict[str, Any]]) -> str:
+    rows = [f"| {a} | {m} | {v} |" for a, m, v in aims(results)]
+    return "\n".join(["| aim (#25) | measured | |", "|---|---:|---|", *rows])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.economics",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--smoke", action="store_true", help="short sessions, one recorded run")
+    parser.add_argument("--runs", type=Path, default=RUNS, help="the recorded runs' folder")
+    parser.add_argument("--policy", action="append", choices=["cost", "tokens"])
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    args = parser.parse_args(argv)
+    results = run(args.smoke, args.runs, tuple(args.policy or ("cost", "tokens")))
+    print(markdown(results) + "\n\n" + aims_markdown(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Cache-aware timing: whether compacting a conversation now pays (DESIGN §11). Pure.
+
+Between the trigger and the hard limit a compaction is optional, and on ~98%-cached agent
+traffic it is only worth it when the reads it saves over the next requests exceed the cache it
+breaks (a write at 1.25x on Anthropic) plus its own detector and summarizer calls; or when the
+cache is cold anyway (the conversation idled past the provider's TTL), which makes the rewrite
+free. Above the hard limit it runs regardless (``planner.decide``).
+
+Time is data here: the driver passes ``now`` and the ledger's ``last_seen`` of the
+conversation; nothing in this module reads a clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.core import billing
+from proxy.core.settings import CompactionSettings
+from proxy.core.types import Case
+
+# A summary costs about its transcript and the detector's window in input tokens; the
+# detector reads at most this many tokens (its window of messages, each cut to ~250 tokens).
+_PROMPT_TOKENS = 1000
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The cost policy's verdict on compacting now: ``pays``; ``cold`` when the cache is
+    cold (compact this very request: its prefix is not cached anyway); ``reason`` for logs,
+    events and the phantom-savings report; ``net_usd`` the forecast."""
+
+    pays: bool
+    cold: bool = False
+    reason: str = ""
+    net_usd: float = 0.0
+
+
+ALWAYS = Timing(True, reason="tokens policy")
+
+
+def idle_seconds(meta: Any, now: float | None) -> float | None:
+    """Seconds since the conversation's last forwarded request (None: none recorded)."""
+    if now is None or not isinstance(meta, dict):
+        return None
+    last = meta.get("last_seen")
+    return max(now - float(last), 0.0) if isinstance(last, int | float) else None
+
+
+def requests_with(meta: Any, record: str | None) -> int | None:
+    """Requests forwarded with the compaction ``record`` in effect so far (None: unknown)."""
+    if record is None or not isinstance(meta, dict):
+        return None
+    per = (meta.get("by_compaction") or {}).get(record)
+    return int(per.get("requests", 0)) if isinstance(per, dict) else 0
+
+
+def expected_after(s: CompactionSettings, head_tokens: int, forwarded_tokens: int) -> int:
+    """What an LLM compaction is expected to leave: the head, the verbatim window and the
+    summary, at most ``compact_to_share`` of the trigger (the cut moves later otherwise)."""
+    natural = head_tokens + s.verbatim_window_tokens + s.summary_budget_tokens
+    return min(forwarded_tokens, natural, max(int(s.trigger_tokens * s.compact_to_share), 1))
+
+
+def judge(
+    s: CompactionSettings,
+    model: str,
+    *,
+    forwarded_tokens: int,
+    head_tokens: int,
+    meta: Any,
+    now: float | None,
+    record: str | None = None,
+    record_case: str | None = None,
+    after: int | None = None,
+    llm: bool = True,
+    llm_model: str | None = None,
+) -> Timing:
+    """Whether compacting ``forwarded_tokens`` of ``model`` now pays (``policy: cost``).
+
+    ``after``: what the compaction leaves when known (a pruning built already), else the
+    expectation of an LLM compaction; ``llm``: whether detector and summarizer calls are
+    part of it. ``meta``: the ledger's row of the conversation (requests, ``last_seen``, the
+    requests per compaction), ``record``: the compaction in effect and its ``record_case``.
+    """
+    if s.policy != "cost" or forwarded_tokens <= s.trigger_tokens:
+        return ALWAYS
+    meta = meta if isinstance(meta, dict) else {}
+    rules = billing.rules_for(model, s)
+    idle = idle_seconds(meta, now)
+    if llm and record_case in (Case.SUMMARIZE, Case.TRUNCATE):
+        since = requests_with(meta, record)
+        if since is not None and since < s.min_requests_between_compactions:
+            return Timing(
+                False, reason=f"no treadmill: the last compaction was {since} requests ago"
+            )
+    cold = idle is not None and not billing.warm(rules, idle)
+    remaining = after if after is not None else expected_after(s, head_tokens, forwarded_tokens)
+    span = max(forwarded_tokens - remaining, 0)
+    window = s.detector_window_messages * s.detector_chars_per_message // 4
+    llm_in = span + min(forwarded_tokens, window) + 2 * _PROMPT_TOKENS if llm else 0
+    llm_out = s.summary_budget_tokens + 200 if llm else 0
+    # The next ones: about as many as there have been, within the configured horizon.
+    horizon = max(1, min(int(meta.get("requests") or 1), s.cost_horizon_requests))
+    found = billing.forecast(
+        billing.prices_for(model),
+        rules,
+        forwarded_tokens=forwarded_tokens,
+        expected_after=remaining,
+        horizon=horizon,
+        idle_s=idle if cold else 0.0,
+        llm_input_tokens=llm_in,
+        llm_output_tokens=llm_out,
+    )
+    if llm and llm_model and llm_model != model:
+        # Detector and summarizer at their own model's prices.
+        theirs = billing.prices_for(llm_model)
+        if theirs.known:
+            cost = llm_in * theirs.input + llm_out * theirs.output
+            found = billing.Forecast(
+                found.saved_reads, found.rewrite, cost, found.saved_reads - found.rewrite - cost
+            )
+    if not billing.prices_for(model).known:
+        return Timing(True, cold, "no price known: compacting on tokens", 0.0)
+    if cold:
+        return Timing(
+            found.net > 0,
+            cold=found.net > 0,
+            reason=(
+                f"cache cold (idle {idle:.0f} s > TTL {rules.ttl_s:.0f} s)"
+                if found.net > 0
+                else f"cache cold but the calls would cost more (net ${found.net:.4f})"
+            ),
+            net_usd=found.net,
+        )
+    if found.net > 0:
+        return Timing(True, reason=f"expected net saving ${found.net:.4f}", net_usd=found.net)
+    return Timing(
+        False,
+        reason=(
+            f"cache warm: compacting would cost ${found.rewrite + found.llm:.4f} "
+            f"to save ${found.saved_reads:.4f} over {horizon} requests"
+        ),
+        net_usd=found.net,
+    )

@@ -1,0 +1,285 @@
+"""Net savings you can bill (#25): billed-style prices, cache-aware timing, no treadmill, the
+over-window counterfactual, net-first surfaces and the phantom-savings report."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from proxy.adapters.llm import LLMReply
+from proxy.adapters.store import DiskStore
+from proxy.core import billing, costs
+from proxy.core.prepared import Prompts
+from proxy.core.records import conv_key
+from proxy.core.settings import CompactionSettings
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import Compactor
+from proxy.operators import ledger, queries
+from proxy.operators.figures import derive
+from tests.proxyproc import ProxyProcess, cli_path
+from tests.upstream import ScriptedUpstream
+
+CLAUDE = "claude-sonnet-4-5"
+GPT = "gpt-4o-mini"
+TOKEN = "admin-econ"
+_counter = TokenCounter()
+
+
+class ScriptedLLM:
+    """Detector: no boundary; summarizer: a short summary. Counts its calls by purpose."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def complete(
+        self, model: str, messages: Any, *, max_tokens: int, purpose: str, credential: Any
+    ) -> LLMReply:
+        self.calls.append(purpose)
+        if purpose == "detector":
+            return LLMReply('{"boundary_index": null}', "stop", 1500, 20, model)
+        return LLMReply("The user and the assistant discussed items. " * 5, "stop", 1500, 60, model)
+
+    @property
+    def summaries(self) -> int:
+        return self.calls.count("summarizer")
+
+
+def history(turns: int, words: int = 120) -> list[dict[str, Any]]:
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful assistant."}]
+    for i in range(turns):
+        msgs.append({"role": "user", "content": f"Question {i}: " + "lorem ipsum " * words})
+        msgs.append({"role": "assistant", "content": f"Answer {i}: " + "dolor sit " * words})
+    return msgs
+
+
+# ---- billed prices (pure) ------------------------------------------------------------------
+
+
+def test_each_provider_caches_and_bills_as_its_docs_say() -> None:
+    assert billing.cached_prefix(billing.OPENAI, 5000, 10.0) == 4992  # 128-token steps
+    assert billing.cached_prefix(billing.OPENAI, 1000, 10.0) == 0  # under 1,024
+    assert billing.cached_prefix(billing.ANTHROPIC, 5000, 299.0) == 5000
+    assert billing.cached_prefix(billing.ANTHROPIC, 5000, 301.0) == 0  # past the 5-minute TTL
+    assert billing.cached_prefix(billing.ANTHROPIC, 5000, None) == 0  # no previous request
+    p = costs.prices_for(CLAUDE)
+    b = billing.bill(p, billing.ANTHROPIC, 10_000, 8_000, 100)
+    assert (b.cached, b.written) == (8_000, 2_000)  # the tail is written at 1.25x
+    assert b.usd == pytest.approx(8_000 * p.input * 0.1 + 2_000 * p.input * 1.25 + 100 * p.output)
+    o = billing.bill(costs.prices_for("gpt-4o"), billing.OPENAI, 10_000, 8_000)
+    assert o.written == 0 and o.usd == pytest.approx(2_000 * 2.5e-6 + 8_000 * 1.25e-6)
+
+
+def test_a_cold_cache_makes_the_rewrite_free() -> None:
+    p, rules = costs.prices_for(CLAUDE), billing.ANTHROPIC
+    args = dict(forwarded_tokens=30_000, expected_after=8_000, horizon=3,
+                llm_input_tokens=20_000, llm_output_tokens=600)  # fmt: skip
+    warm = billing.forecast(p, rules, idle_s=20.0, **args)  # type: ignore[arg-type]
+    cold = billing.forecast(p, rules, idle_s=900.0, **args)  # type: ignore[arg-type]
+    assert warm.net < 0 < cold.net and cold.rewrite == 0.0 < warm.rewrite
+
+
+# ---- cache-aware timing through the engine --------------------------------------------------
+
+
+async def test_cost_policy_waits_while_the_cache_is_warm_and_compacts_once_it_is_cold(
+    tmp_path: Path,
+) -> None:
+    settings = CompactionSettings(policy="cost")
+    store = DiskStore(tmp_path / "s")
+    llm = ScriptedLLM()
+    engine = Compactor(settings, store, llm, Prompts("d", "s"))
+    messages = history(14, words=600)
+    first = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1000.0)
+    assert settings.trigger_tokens < first.forwarded_tokens < settings.emergency_tokens
+    key = conv_key("conv", first.tenant, first.conversation)
+    # Anthropic's cache, warm (the last request 20 s ago): the write and the calls would
+    # cost more than the reads they save over the next ten requests or so.
+    store.set(key, {"requests": 10, "last_seen": 1000.0})
+    warm = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1020.0)
+    assert warm.decision.action == "forward" and "cache warm" in warm.decision.reason
+    assert warm.record is None and llm.calls == []
+    # Idle past the 5-minute TTL: the prefix would be written again anyway; compacted inline.
+    cold = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1000.0 + 301)
+    assert cold.decision.action == "inline" and "cache cold" in cold.decision.reason
+    assert cold.record is not None and llm.summaries == 1
+    assert cold.forwarded_tokens <= settings.trigger_tokens * settings.compact_to_share
+    store.close()
+
+
+# ---- no treadmill ----------------------------------------------------------------------------
+
+
+async def _grow(settings: CompactionSettings, tmp: Path, turns: int, model: str = GPT) -> Any:
+    """One conversation growing a turn at a time, inline; the LLM, the growth, and the sizes
+    each compaction left."""
+    store = DiskStore(tmp)
+    llm = ScriptedLLM()
+    engine = Compactor(settings, store, llm, Prompts("d", "s"))
+    msgs = history(turns, words=60)
+    first = last = None
+    left = []
+    for n in range(3, len(msgs) + 1, 2):
+        before = llm.summaries
+        p = await engine.prepare(msgs[:n], model=model, tenant="t", now=20.0 * n)
+        if llm.summaries > before:
+            left.append(p.forwarded_tokens)
+        first = first or p
+        last = p
+    store.close()
+    assert first is not None and last is not None
+    return llm, last.original_tokens - first.original_tokens, left
+
+
+async def test_treadmill_one_llm_compaction_per_trigger_of_growth_at_most(tmp_path: Path) -> None:
+    # The measured treadmill: a low trigger, each summary landing just under it. Inline and
+    # on tokens alone (no cost policy), only compact_to_share stands in the way.
+    low: dict[str, Any] = dict(trigger_tokens=3000, verbatim_window_tokens=2300,
+                               summary_budget_tokens=300, mode="inline", prune=False,
+                               policy="tokens")  # fmt: skip
+    before, growth, _ = await _grow(
+        CompactionSettings(**low, compact_to_share=1.0), tmp_path / "a", 60
+    )
+    share = CompactionSettings().compact_to_share
+    guarded = CompactionSettings(**low, compact_to_share=share)
+    after, growth2, left = await _grow(guarded, tmp_path / "b", 60)
+    assert growth == growth2 > 4 * guarded.trigger_tokens
+    # Each compaction leaves at most the share of the trigger, so the next needs that much
+    # growth first: one per (1 - share) x trigger at most (a half trigger by default).
+    assert all(n <= guarded.trigger_tokens * share for n in left), left
+    assert after.summaries <= 1 + growth / (guarded.trigger_tokens * (1 - share))
+    assert before.summaries >= 2 * after.summaries, (before.summaries, after.summaries, left)
+    # With the cost policy (the default) nothing this small is summarized at a loss: at most
+    # one LLM compaction per trigger's worth of growth, here none.
+    costly, growth3, _ = await _grow(
+        CompactionSettings(**{**low, "policy": "cost"}), tmp_path / "c", 60
+    )
+    assert costly.summaries <= 1 + growth3 / guarded.trigger_tokens
+    assert costly.summaries < after.summaries
+
+
+# ---- over the window: kept, not saved ----------------------------------------------------
+
+
+def _entry(**kw: Any) -> ledger.RequestEntry:
+    base: dict[str, Any] = dict(
+        ts=1000.0, tenant="t", conversation="c", model=GPT, route="chat.completions",
+        case="emergency", status=200, original_messages=900, forwarded_messages=40,
+        original_tokens=216_507, forwarded_tokens=24_000, prompt_tokens=24_000,
+        cached_tokens=0, cache_write_tokens=0, completion_tokens=50, latency_s=1.0,
+        overhead_s=0.01, record="r1",
+    )  # fmt: skip
+    base.update(kw)
+    return ledger.RequestEntry(**base)
+
+
+def test_an_over_window_counterfactual_is_kept_within_the_window_not_saved(
+    tmp_path: Path,
+) -> None:
+    store = DiskStore(tmp_path / "s")
+    # The measured case: a 220-round tool loop at 216,507 tokens on a 128k model.
+    assert billing.over_window(GPT, 216_507)
+    ledger.record_request(store, _entry(over_window=True), None, None)
+    ledger.record_request(
+        store, _entry(ts=1010.0, original_tokens=20_000, forwarded_tokens=20_000), None, None
+    )
+    totals = derive(store.get(ledger.TOTALS_KEY))
+    assert totals["kept_within_window"] == 1
+    assert totals["kept_window_tokens"] == 216_507 - 24_000
+    assert totals["saved_tokens"] == 0 and totals["saved_usd"] == 0.0
+    # Only the second request has a counterfactual, and it was forwarded as sent.
+    assert totals["net_saved_usd"] == pytest.approx(0.0)
+    headline = queries.headline(totals)
+    assert headline["kept_within_window"] == 1 and headline["gross_saved_usd"] == 0.0
+    store.close()
+
+
+# ---- net first, and the phantom-savings report, through a real proxy ------------------------
+
+
+def _chat(client: openai.OpenAI, turns: int, words: int, conversation: str) -> None:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "Be brief."}]
+    for i in range(turns):
+        messages.append({"role": "user", "content": f"Step {i}: " + "alpha beta " * words})
+        reply = client.chat.completions.create(
+            model=GPT, messages=messages, extra_headers={"x-conversation-id": conversation}
+        )
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content or "."})
+
+
+def test_phantom_savings_say_why_when_every_conversation_is_under_the_trigger(
+    tmp_path: Path,
+) -> None:
+    with (
+        ScriptedUpstream() as up,
+        ProxyProcess(tmp_path, up.base_url, admin={"token": TOKEN}) as px,
+    ):
+        client = openai.OpenAI(base_url=px.base_url, api_key="sk-econ", max_retries=0)
+        for c in range(3):
+            _chat(client, 8, 20, f"small-{c}")
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        stats = httpx.get(f"{px.root}/admin/api/stats", headers=auth, timeout=10).json()
+        metrics = httpx.get(f"{px.root}/metrics", headers=auth, timeout=10).text
+        page = httpx.get(f"{px.root}/dashboard", headers=auth, timeout=10).text
+    # The admin API leads with net dollars, then the phantom report naming the reason.
+    assert list(stats)[0] == "headline" and list(stats["headline"])[0] == "net_saved_usd"
+    assert stats["totals"]["requests"] == 24
+    why = stats["headline"]["phantom"]
+    assert why and "saved nothing net over 24 requests" in why
+    assert "every conversation under the trigger: 24 requests" in why
+    assert metrics.startswith("# HELP compaction_proxy_net_saved_usd ")
+    assert "compaction_proxy_phantom_savings 1.0" in metrics
+    assert "Phantom savings" in page and "under the trigger" in page
+    out = subprocess.run(
+        [cli_path(), "stats", "--config", str(px.config_path)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    lines = [ln.strip() for ln in out.stdout.splitlines() if ln.strip()]
+    assert lines[1].startswith("net dollars saved")
+    assert any(ln.startswith("Phantom savings:") and "under the trigger" in ln for ln in lines)
+
+
+def test_a_log_line_says_when_compaction_saves_nothing_and_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = DiskStore(tmp_path / "s")
+    small = dict(case="none", original_tokens=3000, forwarded_tokens=3000, prompt_tokens=3000,
+                 record=None, held="below_trigger")  # fmt: skip
+    with caplog.at_level("WARNING", logger="compaction_proxy.ledger"):
+        ledger.record_batch(store, [(_entry(**small), None)] * 99, None)
+        assert not [r for r in caplog.records if r.message == "phantom savings"]
+        ledger.record_batch(store, [(_entry(**small, ts=2000.0), None)], None)
+    (line,) = [r for r in caplog.records if r.message == "phantom savings"]
+    assert "every conversation under the trigger: 100 requests" in line.__dict__["why"]
+    store.close()
+
+
+def test_the_headline_is_net_of_cache_and_calls_not_the_gross_figure(tmp_path: Path) -> None:
+    low = {"trigger_tokens": 3000, "verbatim_window_tokens": 1000, "summary_budget_tokens": 200,
+           "mode": "inline", "compact_to_share": 1.0}  # fmt: skip
+    with (
+        ScriptedUpstream() as up,
+        ProxyProcess(tmp_path, up.base_url, compaction=low, admin={"token": TOKEN}) as px,
+    ):
+        client = openai.OpenAI(base_url=px.base_url, api_key="sk-econ", max_retries=0)
+        _chat(client, 14, 90, "big")
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        stats = httpx.get(f"{px.root}/admin/api/stats", headers=auth, timeout=10).json()
+        page = httpx.get(f"{px.root}/dashboard", headers=auth, timeout=10).text
+        listing = httpx.get(f"{px.root}/admin/api/conversations", headers=auth, timeout=10).json()
+    totals, head = stats["totals"], stats["headline"]
+    assert totals["compactions"] >= 1 and totals["saved_tokens"] > 0
+    net = totals["counterfactual_usd"] - totals["actual_usd"] - totals["llm_usd"]
+    assert head["net_saved_usd"] == pytest.approx(net)
+    assert head["gross_saved_usd"] == totals["saved_usd"] != pytest.approx(net)
+    # The dashboard's first tile is the net figure, the gross one is its note.
+    first_tile = page[page.index('id="tile-') :].split("</div></div>", 1)[0]
+    assert first_tile.startswith('id="tile-saved-usd"') and "Net dollars saved" in first_tile
+    assert f'data-value="{net!r}"' in first_tile or f'data-value="{net}"' in first_tile
+    assert "gross $" in first_tile
+    row = listing["items"][0]
+    assert row["net_saved_usd"] == pytest.approx(net)
