@@ -10,7 +10,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from proxy.core import keyfacts, layout, lossreport, pins, planner, prune
+from proxy.core import layout, lossreport, pins, planner, prune, references
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
 from proxy.core.records import CompactionRecord
@@ -163,8 +163,10 @@ def build(
     if text is not None:
         budget = env.settings.key_references_max_chars
         if refs_scale:
-            budget = keyfacts.scaled_budget(budget, len(span_text))
-        text, _ = keyfacts.guard(span_text, text, budget, elsewhere=rest_text)
+            budget = references.budget(budget, span_text)
+        text, _ = references.guard(
+            span_text, text, budget, elsewhere=rest_text, files_chars=budget
+        )
         summary_msg = planner.summary_message(text, covered, p.summary_role)
     # Against the forwarded text itself: the summary as stored and everything around it.
     loss = lossreport.report(

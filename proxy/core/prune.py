@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.keyfacts import facts_in, ranked
+from proxy.core import references
 from proxy.core.messages import Message
 from proxy.core.settings import CompactionSettings
 
@@ -163,16 +163,22 @@ def placeholder(result: ToolResult, tokens: int, repeated: bool) -> str:
 
 
 def key_references(text: str, max_chars: int = FACTS_CHARS) -> str:
-    """The output's most identifying facts (ids, paths, numbers with units...), bounded: what
-    the model most likely needs again without calling the tool."""
+    """The output's most needed facts (errors, files, ids, numbers with units...), each with
+    the words that say what it is when those fit (``references``), bounded: what the model
+    most likely needs again without calling the tool."""
     kept: list[str] = []
     used = 0
-    for found in ranked(facts_in(text, limit=50)):
-        fact = " ".join(found.text.split())
-        if len(fact) > 60 or used + len(fact) + 2 > max_chars:
+    for ref in references.references(text, limit=50):
+        fact = " ".join(ref.fact.split())
+        if len(fact) > 60 or any(fact in k for k in kept):
             continue
-        kept.append(fact)
-        used += len(fact) + 2
+        item = " ".join(ref.item.removeprefix(references.USER_MARK).split())
+        if len(item) > 90 or used + len(item) + 2 > max_chars:
+            item = fact
+        if used + len(item) + 2 > max_chars:
+            continue
+        kept.append(item)
+        used += len(item) + 2
     return "; ".join(kept)
 
 
