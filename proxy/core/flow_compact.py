@@ -214,6 +214,7 @@ def compaction_event(record: CompactionRecord, reason: str) -> CompactionEvent:
         + len(record.facts_appended)
         + len(record.facts_elsewhere),
         "facts_dropped": len(record.facts_dropped),
+        "anchors": record.anchors.get("counts", {}),
         "ts": time.time(),
         "model": record.model,
     }

@@ -6,7 +6,7 @@ Rules (learned from Anthropic's ``clear_tool_uses`` and OpenCode's prune, made c
   call id, so the call/result structure is intact on every surface);
 - the most recent ``prune_keep_tool_results`` results are never cleared, nor the results
   within the most recent ``prune_protect_tokens`` of tool output, nor any result of a tool in
-  ``prune_exclude_tools``;
+  ``prune_exclude_tools``, nor the latest result of a call the loop breaker keeps (``keep``);
 - a repeated identical call (same tool, same arguments) keeps only its latest output, wherever
   the older ones are (outside the most recent N);
 - a plan is only worth applying when it frees at least ``prune_clear_at_least`` tokens: every
@@ -206,6 +206,7 @@ def plan(
     settings: CompactionSettings,
     count_text: Callable[[str], int],
     start: int = 0,
+    keep: frozenset[str] = frozenset(),
 ) -> PrunePlan:
     """Which tool results of ``messages[start:]`` to clear (the caller decides whether the
     plan pays: ``freed_tokens >= prune_clear_at_least``). Only tool-result content is ever
@@ -225,6 +226,8 @@ def plan(
             continue
         tokens = count_text(r.text)
         repeated = latest[_identity(r)] != n
+        if keep and not repeated and _identity(r).decode() in keep:
+            continue  # the agent re-fetched it after a compaction: the loop breaker keeps it
         if not repeated:
             if protected_tokens + tokens <= settings.prune_protect_tokens:
                 protected_tokens += tokens

@@ -30,6 +30,7 @@ from proxy.core.commands import (
     Emit,
     Flow,
     Persist,
+    Remember,
     Read,
 )
 from proxy.core.controls import Controls
@@ -137,6 +138,10 @@ class Compactor:
                 )
             case CompactNow():
                 return await self.compact(command.prepared, inline=True)
+            case Remember():
+                return await asyncio.to_thread(
+                    self.store.set, command.key, command.value, self.retention_s
+                )
         raise TypeError(f"unknown command {command!r}")
 
     async def _read(self, command: Read) -> dict[str, Any]:
