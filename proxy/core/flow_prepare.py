@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core import candidates, costs, planner, stability
+from proxy.core.behaviour import LoopBreak
 from proxy.core.commands import CompactNow, Compute, Flow, Read
 from proxy.core.controls import Controls, sampled
 from proxy.core.errors import StoreError
@@ -22,7 +23,6 @@ from proxy.core.fingerprint import (
     fingerprints,
     prefix_chain,
 )
-from proxy.core.behaviour import LoopBreak
 from proxy.core.flow_compact import persist
 from proxy.core.flow_watch import watch
 from proxy.core.lookup import best_checkpoint, checked_record, checkpoint_keys, record_key

@@ -30,8 +30,8 @@ from proxy.core.commands import (
     Emit,
     Flow,
     Persist,
-    Remember,
     Read,
+    Remember,
 )
 from proxy.core.controls import Controls
 from proxy.core.errors import CompactionFailed, StoreError
