@@ -54,8 +54,8 @@ SYSTEM_NOTE = "<system-reminder>CLAUDE.md: run the tests before answering.</syst
 
 @st.composite
 def sessions(draw: st.DrawFn) -> tuple[str, list[Any]]:
-    """A surface name and a session as steps: ("user", text) | ("round", [(id, name, args,
-    output)], reasoning) | ("answer", text)."""
+    """A surface name and a session as steps: ("user", text) | ("system", text) | ("round",
+    [(id, name, args, output)], reasoning) | ("answer", text) (see ``body_of``)."""
     shape = draw(st.sampled_from(sorted(SURFACES)))
     rng = random.Random(draw(st.integers(0, 2**32)))
     steps: list[Any] = []
@@ -123,6 +123,9 @@ def body_of(shape: str, steps: list[Any]) -> dict[str, Any]:
             else:
                 uses = [{"type": "tool_use", "id": i, "name": name, "input": args}
                         for i, name, args, _ in step[1]]  # fmt: skip
+                if step[2]:  # a thinking block opens the turn, as with extended thinking
+                    thinking = {"type": "thinking", "thinking": "Plan.", "signature": "c2ln"}
+                    uses = [thinking, *uses]
                 turns.append({"role": "assistant", "content": uses})
                 results = [{"type": "tool_result", "tool_use_id": i, "content": o}
                            for i, _, _, o in step[1]]  # fmt: skip

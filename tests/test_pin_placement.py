@@ -32,7 +32,7 @@ from proxy.core.errors import CompactionFailed
 from proxy.core.prepared import Prepared
 from proxy.core.settings import CompactionSettings
 from proxy.engine.compactor import Compactor
-from tests.test_agent_properties import COUNTER, PROPERTY, SURFACES, WORDS
+from tests.test_agent_properties import COUNTER, PROPERTY, SURFACES, WORDS, body_of
 from tests.test_agents import echo_summary
 from tests.test_compactor import MODEL, NULL_DETECTION, PROMPTS, FakeLLM
 
@@ -92,70 +92,6 @@ def sessions(draw: st.DrawFn) -> tuple[str, list[Any], int]:
             steps.append(("system", f"{AGENTS_NOTE} (after {turn})"))
     first = draw(st.integers(len(steps) // 2, len(steps)))
     return shape, steps, first
-
-
-def body_of(shape: str, steps: list[Any]) -> dict[str, Any]:
-    """The request a client of ``shape`` resends for the session so far."""
-    if shape == "chat":
-        msgs: list[Message] = [{"role": "system", "content": "You are an agent."}]
-        for step in steps:
-            if step[0] in ("user", "system"):
-                msgs.append({"role": step[0], "content": step[1]})
-            elif step[0] == "answer":
-                msgs.append({"role": "assistant", "content": step[1]})
-            else:
-                calls = [{"id": i, "type": "function",
-                          "function": {"name": name, "arguments": json.dumps(args)}}
-                         for i, name, args, _ in step[1]]  # fmt: skip
-                msgs.append({"role": "assistant", "content": None, "tool_calls": calls})
-                msgs += [
-                    {"role": "tool", "tool_call_id": i, "content": o} for i, _, _, o in step[1]
-                ]
-        if msgs[-1]["role"] != "user":
-            msgs.append({"role": "user", "content": "continue"})
-        return {"model": MODEL, "messages": msgs}
-    if shape == "messages":
-        turns: list[Message] = []
-        for step in steps:
-            if step[0] == "system":
-                turns.append({"role": "system", "content": step[1]})
-            elif step[0] == "user":
-                block = {"type": "text", "text": step[1]}
-                last = [t for t in turns if t["role"] != "system"]
-                if last and last[-1]["role"] == "user" and turns[-1]["role"] == "user":
-                    last[-1]["content"].append(block)  # after tool results, in one turn
-                else:
-                    turns.append({"role": "user", "content": [block]})
-            elif step[0] == "answer":
-                turns.append({"role": "assistant", "content": [{"type": "text", "text": step[1]}]})
-            else:
-                thinking = [{"type": "thinking", "thinking": "Plan.", "signature": "c2ln"}]
-                uses = [{"type": "tool_use", "id": i, "name": name, "input": args}
-                        for i, name, args, _ in step[1]]  # fmt: skip
-                turns.append({"role": "assistant", "content": (thinking if step[2] else []) + uses})
-                results = [{"type": "tool_result", "tool_use_id": i, "content": o}
-                           for i, _, _, o in step[1]]  # fmt: skip
-                turns.append({"role": "user", "content": results})
-        if [t for t in turns if t["role"] != "system"][-1]["role"] == "assistant":
-            turns.append({"role": "user", "content": "continue"})
-        return {"model": MODEL, "max_tokens": 512, "system": "You are an agent.", "messages": turns}
-    items: list[Message] = []
-    for step in steps:
-        if step[0] == "user":
-            items.append({"type": "message", "role": "user", "content": step[1]})
-        elif step[0] == "system":
-            items.append({"type": "message", "role": "developer", "content": step[1]})
-        elif step[0] == "answer":
-            items.append({"type": "message", "role": "assistant", "content": step[1]})
-        else:
-            if step[2]:
-                items.append({"type": "reasoning", "id": f"rs_{step[1][0][0]}", "summary": []})
-            for i, name, args, _ in step[1]:
-                items.append({"type": "function_call", "call_id": i, "name": name,
-                              "arguments": json.dumps(args)})  # fmt: skip
-            for i, _, _, o in step[1]:
-                items.append({"type": "function_call_output", "call_id": i, "output": o})
-    return {"model": MODEL, "instructions": "You are an agent.", "input": items}
 
 
 def settings_for(tier: str) -> CompactionSettings:

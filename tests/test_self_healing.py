@@ -18,8 +18,12 @@ import openai
 import orjson
 import pytest
 
+from proxy.adapters.store import DiskStore
+from proxy.operators.details import conversation_detail
+from proxy.operators.queries import list_conversations, resolve
 from tests.agentclients import wait_for
 from tests.checks import INLINE, SUMMARY_PREFIX
+from tests.litellmproc import running
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream, filler_sentence
 
@@ -146,3 +150,43 @@ def test_a_body_refused_as_sent_too_is_the_requests_own_fault(tmp_path: Path) ->
         assert _conversation(px)["meta"]["refused"] is None
         # Later requests still go compacted: nothing was marked.
         assert SUMMARY_PREFIX.encode() in bodies[-1]
+
+
+def _refused_marks(store_dir: Path) -> list[dict[str, Any]]:
+    store = DiskStore(str(store_dir))
+    try:
+        listed = list_conversations(store, per_page=50)["items"]
+        marks = []
+        for row in listed:
+            tenant, conv = resolve(store, row["id"])
+            marks.append(conversation_detail(store, tenant, conv)["meta"]["refused"])
+        return [m for m in marks if m]
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_through_litellm_a_refused_compaction_costs_one_request(tmp_path: Path) -> None:
+    """LiteLLM sends the request itself, so the hook cannot send the client's body again:
+    the client gets the refusal once, and the conversation's next request passes as sent."""
+    store_dir = tmp_path / "store"
+    with (
+        ScriptedUpstream(refuse=refuse_summaries, expect_rejections=True) as up,
+        running(tmp_path, up, INLINE, f"diskcache://{store_dir}", "env") as proc,
+    ):
+        client = proc.client(tenant="healing")
+        messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse."}]
+        refused = []
+        for turn in range(24):
+            messages.append({"role": "user", "content": f"Q{turn}: {filler_sentence(turn, 120)}"})
+            try:
+                reply = client.chat.completions.create(model="gpt-4o-mini", messages=messages)  # type: ignore[arg-type]
+            except openai.BadRequestError:
+                refused.append(turn)
+                continue
+            messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        bodies = _bodies(up, "/v1/chat/completions")
+        assert len(refused) == 1 and len(up.rejections) == 1, (refused, up.rejections)
+        assert [SUMMARY_PREFIX.encode() in b for b in bodies].count(True) == 1
+        wait_for(lambda: bool(_refused_marks(store_dir)), what="the refused mark")
+        assert _refused_marks(store_dir)[0]["route"] == "litellm.chat.completions"

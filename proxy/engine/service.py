@@ -169,10 +169,7 @@ class Service:
         ``finish`` settles it: when the client's body is refused too, the fault was the
         request's own and the mark is taken back."""
         p = call.prepared
-        if p is None or not p.changed or p.as_sent or call.refused is not None:
-            return False
-        window = context_window(p.model)
-        if window and p.original_tokens + p.reserve_tokens > window:
+        if p is None or call.refused is not None or not _retriable(p):
             return False
         call.refused = p
         call.prepared = p.but(
@@ -185,18 +182,22 @@ class Service:
             origins=list(range(len(p.original))),
             stability=None,
         )
-        mark = {
-            "ts": time.time(),
-            "route": call.route,
-            "record": p.record.prefix_hash if p.record else None,
-            "case": p.record.case if p.record else p.case,
-        }
-        key = conv_key("refused", p.tenant, p.conversation)
         try:
-            await asyncio.to_thread(self.store.set, key, mark, self.config.retention_s)
+            await asyncio.to_thread(self._mark_refused, p, call.route)
         except StoreError as exc:  # the retry still goes; only the mark is lost
             log.warning("could not mark a refused conversation", extra={"error": str(exc)})
         return True
+
+    def _mark_refused(self, refused: Prepared, route: str) -> None:
+        """While this mark is there, the conversation's records are not forwarded (sync)."""
+        mark = {
+            "ts": time.time(),
+            "route": route,
+            "record": refused.record.prefix_hash if refused.record else None,
+            "case": refused.record.case if refused.record else refused.case,
+        }
+        key = conv_key("refused", refused.tenant, refused.conversation)
+        self.store.set(key, mark, self.config.retention_s)
 
     def finish(
         self, call: Call, usage: Any, status: int, *, upstream_s: float | None = None
@@ -242,6 +243,11 @@ class Service:
             return
         if call.refused is not None:
             self._settle_refusal(call.route, call.refused, status)
+        elif status == 400 and _retriable(prepared):
+            # A front door that cannot send the client's body again (LiteLLM sends the
+            # request itself): the next request of the conversation passes as sent, so a
+            # defect of ours costs this request, never the session.
+            self._settle_refusal(call.route, prepared, status, retried=False)
         if status == 200:
             self.compactor.schedule(prepared)
         entry = ledger.RequestEntry.of(
@@ -254,33 +260,51 @@ class Service:
         )
         self.compactor.writer.record(entry, prepared.original)
 
-    def _settle_refusal(self, route: str, refused: Prepared, status: int) -> None:
-        """After a call sent again as sent: log and count it; when the client's own body was
-        refused too, the compaction was not at fault and the mark is taken back."""
-        ours = status != 400
-        outcome = "healed" if ours else "refused as sent too"
+    def _settle_refusal(
+        self, route: str, refused: Prepared, status: int, *, retried: bool = True
+    ) -> None:
+        """Log and count a refused compacted body. ``retried``: the client's own body was
+        sent next and answered ``status``; when that was refused too, the compaction was not
+        at fault and the conversation's mark is taken back. Not retried (the LiteLLM hook):
+        the mark is set here, and the next request passes as sent."""
+        if not retried:
+            outcome = "not retried"
+            self.compactor.spawn_io(self._mark_refused, refused, route)
+        elif status != 400:
+            outcome = "healed"
+        else:
+            outcome = "refused as sent too"
+            key = conv_key("refused", refused.tenant, refused.conversation)
+            self.compactor.spawn_io(self.store.delete, key)
         case = refused.record.case if refused.record else refused.case
         log.warning(
-            "the upstream refused a compacted request; sent as the client sent it",
+            "the upstream refused a compacted request",
             extra={
                 "route": route,
                 "conversation": refused.conversation,
                 "case": case,
                 "record": refused.record.prefix_hash if refused.record else None,
-                "retry_status": status,
+                "status": status,
                 "outcome": outcome,
             },
         )
         self.metrics.observe_refusal(route, case, outcome)
-        if not ours:
-            key = conv_key("refused", refused.tenant, refused.conversation)
-            self.compactor.spawn_io(self.store.delete, key)
 
     async def close(self, timeout: float = 30) -> None:
         """Wait for background compactions and queued writes; close the store if ours."""
         await self.compactor.drain(timeout=timeout)
         if self.owns_store:
             self.store.close()
+
+
+def _retriable(p: Prepared) -> bool:
+    """Whether a refusal of ``p``'s forwarded body may be ours: the compaction changed it,
+    and the client's own body fits the model's context window (else sending it is no way
+    out either)."""
+    if not p.changed or p.as_sent:
+        return False
+    window = context_window(p.model)
+    return not (window and p.original_tokens + p.reserve_tokens > window)
 
 
 def build_service(

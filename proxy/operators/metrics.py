@@ -213,8 +213,9 @@ class Metrics:
             f"{PREFIX}_upstream_refused_compactions",
             "Compacted requests the upstream refused (400) and the proxy sent again as the "
             "client sent them, by route, the refused record's case and outcome: 'healed' (the "
-            "client's body was accepted; the conversation is not compacted again) or 'refused "
-            "as sent too' (the request's own fault).",
+            "client's body was accepted; the conversation is not compacted again), 'refused "
+            "as sent too' (the request's own fault) or 'not retried' (the LiteLLM hook: the "
+            "client got the refusal; the conversation's next request passes as sent).",
             ["route", "case", "outcome"],
             registry=r,
         )

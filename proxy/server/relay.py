@@ -141,22 +141,12 @@ async def forward_whole(
     timeout_s = service.config.upstream.timeout_s
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with mapped_errors(deadline_s=timeout_s):
-        upstream = await forwarder.send(request)
+        upstream = await _or_fallback(forwarder, await forwarder.send(request), fallback)
         try:
             head, rest = await _read_up_to(upstream, WHOLE_BODY_BYTES)
         except BaseException:
             await upstream.aclose()
             raise
-        if upstream.status_code == 400 and rest is None and fallback is not None:
-            instead = await fallback()
-            if instead is not None:
-                await upstream.aclose()
-                upstream = await forwarder.send(instead)
-                try:
-                    head, rest = await _read_up_to(upstream, WHOLE_BODY_BYTES)
-                except BaseException:
-                    await upstream.aclose()
-                    raise
     out_headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
     if rest is None:
         await upstream.aclose()
@@ -180,6 +170,20 @@ async def forward_whole(
     await send_stream(
         send, receive, upstream.status_code, out_headers, relay, ending.finish(service, call)
     )
+
+
+async def _or_fallback(
+    forwarder: Forwarder, upstream: httpx.Response, fallback: Fallback | None
+) -> httpx.Response:
+    """``upstream``, or the answer to ``fallback``'s request when the upstream refused (400)
+    what was sent and ``fallback`` gives one (the refused answer is discarded unread)."""
+    if upstream.status_code != 400 or fallback is None:
+        return upstream
+    instead = await fallback()
+    if instead is None:
+        return upstream
+    await upstream.aclose()
+    return await forwarder.send(instead)
 
 
 async def _read_up_to(
@@ -243,13 +247,7 @@ async def forward_stream(
     """A streamed request: an error answer is relayed whole, a 200 event by event. A 400 is
     answered by ``fallback``'s request instead, when it gives one (once)."""
     async with mapped_errors():
-        upstream = await forwarder.send(request)
-    if upstream.status_code == 400 and fallback is not None:
-        instead = await fallback()
-        if instead is not None:
-            await upstream.aclose()
-            async with mapped_errors():
-                upstream = await forwarder.send(instead)
+        upstream = await _or_fallback(forwarder, await forwarder.send(request), fallback)
     headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
     if upstream.status_code != 200:
         try:

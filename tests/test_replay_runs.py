@@ -1,0 +1,130 @@
+"""Real agent runs nobody here wrote, replayed through a real proxy process (issue #24).
+
+Each run in ``tests/replay/runs`` (public trajectories of real agents; sources and licenses
+in ``runs/SOURCES.md``) is resent step by step in its client's own request shape
+(``tests.replay.shapes``) with the official clients, and once more as Claude Code or Codex
+would resend the same turns (no public Claude Code or Codex run long enough and under a
+permissive license was found: their shapes carry real content this way), through one proxy at
+a low trigger
+(compacting inline, several times per run) and one at the default settings, against the strict
+upstream. Every request is answered; the strict upstream rejects nothing (a split tool pair,
+an orphan result, a body that does not open with a user turn, a reasoning item without its
+call would all be 400s); every system/developer message the client sent is forwarded; the
+client's newest turn reaches the upstream verbatim.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import orjson
+import pytest
+
+from tests.checks import INLINE, SUMMARY_PREFIX
+from tests.proxyproc import ProxyProcess
+from tests.replay.fixtures import check_run, load_runs
+from tests.replay.shapes import Step, route_of, steps
+from tests.upstream import Recorded, ScriptedUpstream
+
+pytestmark = pytest.mark.slow
+
+RUNS = load_runs()
+MODELS = {
+    "/v1/messages": "claude-opus-4-5",
+    "/v1/responses": "gpt-4o-mini",
+    "/v1/chat/completions": "gpt-4o-mini",
+}
+SETTINGS = {"low trigger": INLINE, "defaults": {}}
+OTHER_CLIENTS = ("claude-code", "codex")
+
+
+def replays() -> list[dict[str, Any]]:
+    """Every run as its own client sent it, and as Claude Code or Codex (in turn) would."""
+    again = [{**run, "agent": OTHER_CLIENTS[n % 2]} for n, run in enumerate(RUNS)]
+    return [*RUNS, *again]
+
+
+def test_the_corpus_is_real_runs_of_several_agents() -> None:
+    for run in RUNS:
+        check_run(run)  # >= 30 tool rounds, every call answered, a license recorded
+    assert len(RUNS) >= 5, "the replay corpus has fewer than 5 runs"
+    assert len({r["agent"] for r in RUNS}) >= 2, "the replay corpus has fewer than 2 agents"
+
+
+def send(px: ProxyProcess, step: Step, key: str) -> None:
+    """One request with the official client of its API; the answer read to its end."""
+    body = dict(step.body)
+    if step.path == "/v1/messages":
+        client = anthropic.Anthropic(base_url=px.root, api_key=key, max_retries=0)
+        beta = "claude-code-20250219,interleaved-thinking-2025-05-14"
+        with client.messages.stream(**body_without_stream(body),
+                                    extra_headers={"anthropic-beta": beta}) as stream:  # fmt: skip
+            final = stream.get_final_message()
+        assert final.content, "no answer"
+        return
+    client_oa = openai.OpenAI(base_url=px.base_url, api_key=key, max_retries=0)
+    if step.path == "/v1/responses":
+        events = list(client_oa.responses.create(**body))
+        assert any(e.type == "response.completed" for e in events), "the stream never completed"
+        return
+    reply = client_oa.chat.completions.create(**body)
+    assert reply.choices[0].message is not None
+
+
+def body_without_stream(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "stream"}
+
+
+def _system_texts(step: Step) -> list[str]:
+    """What the client sent as system/developer messages inside the conversation."""
+    body = step.body
+    if step.path == "/v1/responses":
+        return [i["content"][0]["text"] for i in body["input"] if i.get("role") == "developer"]
+    return [m["content"] for m in body["messages"][1:] if m.get("role") == "system"]
+
+
+def _newest(step: Step) -> bytes:
+    """The newest item of the history, as the client serialised it."""
+    key = "input" if step.path == "/v1/responses" else "messages"
+    last = step.body[key][-1]
+    if step.path == "/v1/messages" and isinstance(last.get("content"), list):
+        last = last["content"][-1]
+        last = {k: v for k, v in last.items() if k != "cache_control"}
+    return orjson.dumps(last.get("content") or last.get("output") or last.get("text") or "")
+
+
+@pytest.mark.parametrize("settings", sorted(SETTINGS))
+def test_real_agent_runs_replay_through_every_tier(tmp_path: Path, settings: str) -> None:
+    with (
+        ScriptedUpstream() as up,
+        ProxyProcess(tmp_path, up.base_url, compaction=SETTINGS[settings]) as px,
+    ):
+        sent: list[tuple[Step, int]] = []
+        for n, run in enumerate(replays()):
+            path = None
+            for step in steps(run, MODELS[route_of(run)]):
+                path = step.path
+                before = len(up.requests)
+                send(px, step, key=f"sk-replay-{n}")
+                sent.append((step, before))
+            assert path is not None, f"run {run['file']} gave no request"
+        recorded = list(up.requests)
+    assert up.rejections == []
+    compacted = 0
+    for step, before in sent:
+        body = next(r for r in recorded[before:] if _client_call(r, step.path)).body
+        for text in _system_texts(step):
+            assert orjson.dumps(text)[1:-1] in body, "a system/developer message was dropped"
+        assert _newest(step)[1:-1] in body, "the newest turn was not forwarded verbatim"
+        compacted += SUMMARY_PREFIX.encode() in body or b"tool result cleared" in body
+    paths = {step.path for step, _ in sent}
+    assert paths == {"/v1/messages", "/v1/responses", "/v1/chat/completions"}
+    if settings == "low trigger":
+        assert compacted >= len(sent) // 2, f"only {compacted} of {len(sent)} requests compacted"
+
+
+def _client_call(rec: Recorded, path: str) -> bool:
+    return rec.path == path and rec.purpose is None
