@@ -144,8 +144,8 @@ def test_rereads_of_a_pruned_file_fire_the_loop_breaker_and_keep_the_result(tmp_
     # third re-read's result (the control run below clears it).
     prunings = [c for c in detail["compactions"] if c["case"] == "prune"]
     assert len(prunings) >= 2
-    # Every request after it that no summary replaced holds that result: the breaker keeps
-    # it out of pruning (a later summary may still replace it; see docs/fidelity.md).
+    # Every request after it that no summary replaced holds that result: later prunings
+    # keep it (the control run below clears it).
     after = [b for b in forwarded[SCHEDULE.index("src/g1.py") + 1 :] if not _summarized(b)]
     assert len(after) >= 3 and all(_holds_latest_reread(body) for body in after)
     # The dashboard says what happened and why; /metrics counts it.

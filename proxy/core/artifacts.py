@@ -83,11 +83,14 @@ def shell_files(command: str) -> list[tuple[str, str]]:
             words = part.split()
         if not words:
             continue
+        targets = set()
         for i, w in enumerate(words[:-1]):
             if w in (">", ">>") and _PATHLIKE.match(words[i + 1]):
                 found.append((WRITTEN, words[i + 1]))
-        head, args = words[0], [w for w in words[1:] if not w.startswith("-")]
-        paths = [a for a in args if _PATHLIKE.match(a) and a not in (">", ">>")]
+                targets.add(words[i + 1])
+        head, args = words[0], [w for w in words[1:] if not w.startswith(("-", "<", ">"))]
+        # ``cat > x.py`` writes x.py; it does not read it.
+        paths = [a for a in args if _PATHLIKE.match(a) and a not in targets]
         if head in _READERS or (head == "sed" and "-i" not in words):
             found += [(READ, p) for p in paths if not p.startswith(("/dev/",))]
         elif head == "sed":

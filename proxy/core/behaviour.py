@@ -6,10 +6,13 @@ is redoing work it had done: that is the cost users feel ("it re-reads the same 
 each compaction until the quota is gone"). Counted per compaction (the record in use):
 repeated calls, the file reads among them, and assistant turns per user instruction before
 and after it. Past ``loop_breaker_repeats`` repeats the loop breaker backs off for the
-conversation: the first time, what the agent re-fetched is kept out of the next prunings
-(``keep``); when it fires again for a later compaction, compaction pauses for the
-conversation (``pause``, a cooldown of ``loop_pause_s``). The choice and its reason are
-stored and shown on the dashboard.
+conversation: the latest results of what the agent re-fetched are kept out of pruning
+(``keep``; it fires at most once per compaction, and each firing replaces the list), within
+``prune_protect_tokens`` of kept output, newest first. An unbounded keep list was tried: on
+the bench session (an agent that re-reads its 16 files all the time) pruning then freed
+almost nothing and the summary tier ran 66 times instead of 4, shedding facts. Pausing compaction was tried and dropped: a
+conversation that still grows then only meets the emergency cut, which loses more (measured
+on the bench session). The choice and its reason are stored and shown on the dashboard.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from proxy.core.messages import Message, tool_results
 from proxy.core.records import CompactionRecord, entries
 
 LISTED = 10  # repeated calls named per compaction
-KEEP, PAUSE = "keep re-fetched results out of pruning", "pause compaction"
+KEEP = "keep re-fetched results out of pruning"
 
 
 def identity(name: str, arguments: Any) -> str:
@@ -110,7 +113,7 @@ def observe(messages: Sequence[Message], record: CompactionRecord) -> Behaviour:
 class LoopBreak:
     """The loop breaker's decision for a conversation (stored under its ``loop:`` key)."""
 
-    action: str  # KEEP or PAUSE
+    action: str  # KEEP
     reason: str
     record: str  # the compaction after which the agent repeated work
     keep: list[str]  # identities kept out of pruning
@@ -145,6 +148,4 @@ def breaker(
         f"after the {seen.case} compaction {seen.record[:8]} the agent repeated "
         f"{seen.repeated_calls} tool calls whose results it had cleared ({what})"
     )
-    keep = list(dict.fromkeys([*(previous.keep if previous else []), *seen.identities]))
-    action = KEEP if fired == 1 else PAUSE
-    return LoopBreak(action, reason, seen.record, keep[-50:], fired, now)
+    return LoopBreak(KEEP, reason, seen.record, seen.identities[-50:], fired, now)

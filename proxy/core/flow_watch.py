@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from proxy.core import behaviour
-from proxy.core.commands import Cooldown, Emit, Flow, Remember
+from proxy.core.commands import Emit, Flow, Remember
 from proxy.core.errors import StoreError
 from proxy.core.prepared import Env, Prepared
 from proxy.core.records import conv_key
@@ -56,8 +56,6 @@ def watch(
             "ts": decision.ts, "model": p.model,
         }  # fmt: skip
         yield Emit(t, conv, fired)
-        if decision.action == behaviour.PAUSE and env.settings.loop_pause_s > 0:
-            yield Cooldown(t, conv, env.settings.loop_pause_s)
         return decision
     except StoreError:
         return loop  # figures missed for this request; the next one counts again

@@ -218,7 +218,7 @@ def plan(
     latest: dict[bytes, int] = {}
     for n, r in enumerate(results):
         latest[_identity(r)] = n
-    protected_tokens = 0
+    protected_tokens = kept_tokens = 0
     chosen: list[tuple[ToolResult, str, int]] = []
     for n in range(len(results) - 1, -1, -1):
         r = results[n]
@@ -227,7 +227,11 @@ def plan(
         tokens = count_text(r.text)
         repeated = latest[_identity(r)] != n
         if keep and not repeated and _identity(r).decode() in keep:
-            continue  # the agent re-fetched it after a compaction: the loop breaker keeps it
+            # The agent re-fetched it after a compaction: the loop breaker keeps it, within
+            # a protect window of its own (newest first), so pruning still frees something.
+            if kept_tokens + tokens <= settings.prune_protect_tokens:
+                kept_tokens += tokens
+                continue
         if not repeated:
             if protected_tokens + tokens <= settings.prune_protect_tokens:
                 protected_tokens += tokens

@@ -44,6 +44,7 @@ _DIRECTIVE_RE = re.compile(
     r"[Ii]nstead of|[Dd]ecided|[Cc]hose|[Gg]o with|[Ss]hould not)\b"
 )
 _SENTENCE_END = re.compile(r"[.!?\n]")
+_CALL_TAIL = re.compile(r"[\"'}\])\s]*\[id\b.*$")  # a command cut out of a rendered tool call
 _TEST_RE = re.compile(r"::|(?:^|/)tests?/|(?:^|/)test_\w+\.\w+|_test\.\w+$")
 LABEL_WORDS_BEFORE, LABEL_WORDS_AFTER, MAX_ITEM = 6, 5, 110
 # Where the clause that names a fact begins: a line, a sentence, a list item.
@@ -157,7 +158,7 @@ def _references(span_text: str, limit: int) -> tuple[Reference, ...]:
         files[art.path] = art.action
     out: list[Reference] = []
     for f in keyfacts.facts_in(text, limit):
-        fact = f.text.rstrip("]")
+        fact = _CALL_TAIL.sub("", f.text).rstrip("]")
         if len(fact) < 3:
             continue
         role = _role(marks, f.first)
@@ -302,8 +303,9 @@ def guard(
     context) both lack with their labels, most needed first, within ``max_chars``; report
     where each fact is. ``dropped`` lists what is missing even after the appended line.
 
-    ``files_chars``: a budget of its own for the files the span changed (the artifact trail
-    agents lose first), spent before ``max_chars``."""
+    ``files_chars``: a budget of its own for the files the span's tool calls touched (the
+    artifact trail agents lose first; changed files rank first), spent before ``max_chars``:
+    the line is at most ``max_chars + files_chars`` long."""
     refs = references(span_text)
     kept = [r.fact for r in refs if carried(summary, r)]
     # The client's own messages forwarded as sent carry a fact in their own words.
@@ -312,7 +314,7 @@ def guard(
     # First as many facts as fit bare, most needed first (never fewer than an unlabelled
     # line would carry); then, in the same order, their labels while the budget lasts.
     chosen: list[Reference] = []
-    used, files_used = 0, 0
+    used = files_used = 0
     groups: set[str] = set()
     for ref in lost:
         if any(ref.fact in c.fact for c in chosen):
@@ -320,7 +322,7 @@ def guard(
         cost = len(ref.fact) + 2
         if ref.action and ref.action not in groups:
             cost += len(ref.action) + 2
-        if ref.action in artifacts.CHANGED and files_used + cost <= files_chars:
+        if ref.action and files_used + cost <= files_chars:
             files_used += cost
         elif used + cost <= max_chars:
             used += cost

@@ -59,10 +59,8 @@ class CompactionSettings:
     prune_clear_at_least: int = 4_000
     prune_exclude_tools: tuple[str, ...] = ()
     # The loop breaker (#26): after a compaction, this many repeated tool calls whose results
-    # it cleared make the proxy back off for the conversation (0: never); a second firing
-    # pauses its compaction for ``loop_pause_s``.
+    # it cleared make the proxy keep those results out of pruning (0: never).
     loop_breaker_repeats: int = 3
-    loop_pause_s: float = 1800.0
 
     @property
     def emergency_tokens(self) -> int:
