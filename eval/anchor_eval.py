@@ -50,8 +50,11 @@ def structured(transcript: str, budget: int) -> str:
     users = [ln[6:] for ln in text.splitlines() if ln.startswith("USER: ")]
     said = [ln[11:] for ln in text.splitlines() if ln.startswith("ASSISTANT: ")]
     trail = artifacts.trail(text)
-    read = [a.path for a in trail if a.action == artifacts.READ]
-    changed = [f"{a.action} {a.path}" for a in trail if a.action in artifacts.CHANGED]
+    # Like a capable model folding in its earlier summary: its file lists carry over.
+    read = _listed(text, "Files read: ") + [a.path for a in trail if a.action == artifacts.READ]
+    changed = _listed(text, "Files changed: ") + [
+        f"{a.action} {a.path}" for a in trail if a.action in artifacts.CHANGED
+    ]
     errors = [f.text for f in keyfacts.facts_in(text) if f.kind == "error"]
     parts = [
         f"The user asked: {users[0][:300]}" if users else "",
@@ -63,6 +66,14 @@ def structured(transcript: str, budget: int) -> str:
     ]
     out = "\n".join(p for p in parts if p)
     return out[: budget * 4].rsplit("\n", 1)[0] if len(out) > budget * 4 else out
+
+
+def _listed(text: str, label: str) -> list[str]:
+    out: list[str] = []
+    for line in text.splitlines():
+        if line.startswith(label):
+            out += [x.strip() for x in line[len(label) :].rstrip(".").split(", ") if x.strip()]
+    return out
 
 
 SUMMARIZERS: dict[str, Callable[[str, int], str]] = {
@@ -170,13 +181,13 @@ def markdown(results: list[dict[str, Any]], summarizer: str, trigger: int) -> st
             cells = []
             for c in anchors.CATEGORIES:
                 kept, n = m["anchors"][c]
-                t = totals.setdefault(method, {}).setdefault(c, [0, 0])
-                t[0], t[1] = t[0] + kept, t[1] + n
+                pair = totals.setdefault(method, {}).setdefault(c, [0, 0])
+                pair[0], pair[1] = pair[0] + kept, pair[1] + n
                 cells.append(f"{kept}/{n}")
             lines.append(f"| {r['run']} | {method} | {m['tokens']:,} | " + " | ".join(cells) + " |")
-    for method, t in totals.items():
+    for method, per in totals.items():
         cells = [
-            f"{t[c][0]}/{t[c][1]} ({t[c][0] / t[c][1]:.0%})" if t[c][1] else "–"
+            f"{per[c][0]}/{per[c][1]} ({per[c][0] / per[c][1]:.0%})" if per[c][1] else "–"
             for c in anchors.CATEGORIES
         ]
         lines.append(f"| **all** | {method} | | " + " | ".join(cells) + " |")

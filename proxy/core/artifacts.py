@@ -90,6 +90,8 @@ def shell_files(command: str) -> list[tuple[str, str]]:
                 targets.add(words[i + 1])
         head, args = words[0], [w for w in words[1:] if not w.startswith(("-", "<", ">"))]
         # ``cat > x.py`` writes x.py; it does not read it.
+        if head == "sed" and "-e" not in words and args:
+            args = args[1:]  # the first operand is the script (s/a/b/), not a file
         paths = [a for a in args if _PATHLIKE.match(a) and a not in targets]
         if head in _READERS or (head == "sed" and "-i" not in words):
             found += [(READ, p) for p in paths if not p.startswith(("/dev/",))]

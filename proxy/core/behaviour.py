@@ -10,9 +10,10 @@ conversation: the latest results of what the agent re-fetched are kept out of pr
 (``keep``; it fires at most once per compaction, and each firing replaces the list), within
 ``prune_protect_tokens`` of kept output, newest first. An unbounded keep list was tried: on
 the bench session (an agent that re-reads its 16 files all the time) pruning then freed
-almost nothing and the summary tier ran 66 times instead of 4, shedding facts. Pausing compaction was tried and dropped: a
-conversation that still grows then only meets the emergency cut, which loses more (measured
-on the bench session). The choice and its reason are stored and shown on the dashboard.
+almost nothing and the summary tier ran 66 times instead of 4, shedding facts. Pausing
+compaction was tried and dropped: a conversation that still grows then only meets the
+emergency cut, which loses more. The choice and its reason are stored and shown on the
+dashboard.
 """
 
 from __future__ import annotations
