@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.core import candidates, costs, planner, stability
-from proxy.core.behaviour import LoopBreak
+from proxy.core.behaviour import LoopBreak, observe
 from proxy.core.commands import CompactNow, Compute, Flow, Read
 from proxy.core.controls import Controls, sampled
 from proxy.core.errors import StoreError
@@ -197,7 +197,10 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
     if controls.shadow:
         return p  # measured only: no inline work, no cache marks
     if s.enabled and p.record is not None:
-        loop = yield from watch(env, p, state.behave, state.loop)
+        args = (p.original, p.record)
+        # One pass over the history, like substitution: off the loop for a huge one.
+        seen = (yield Compute(observe, args)) if settle_off else observe(*args)
+        loop = yield from watch(env, p, seen, state.behave, state.loop)
         if loop is not None and loop.keep:
             p = p.but(keep_results=frozenset(loop.keep))
     if s.enabled and s.prune and p.forwarded_tokens > s.trigger_tokens:

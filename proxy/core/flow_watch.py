@@ -21,13 +21,15 @@ KEPT_RECORDS = 20  # compactions whose figures a conversation keeps
 
 
 def watch(
-    env: Env, p: Prepared, stored: Any, loop: behaviour.LoopBreak | None
+    env: Env,
+    p: Prepared,
+    seen: behaviour.Behaviour,
+    stored: Any,
+    loop: behaviour.LoopBreak | None,
 ) -> Flow[behaviour.LoopBreak | None]:
     """The loop breaker's decision in force after this request (``loop`` when unchanged).
-    ``stored``: the conversation's ``behave:`` value as read (compaction -> figures)."""
-    if p.record is None:
-        return loop
-    seen = behaviour.observe(p.original, p.record)
+    ``seen``: ``behaviour.observe`` of this request; ``stored``: the conversation's
+    ``behave:`` value as read (compaction -> figures)."""
     figures = dict(stored) if isinstance(stored, dict) else {}
     before = figures.get(seen.record)
     if before == seen.to_json():
