@@ -52,6 +52,7 @@ class StoreConfig:
 @dataclass(frozen=True)
 class Limits:
     max_body_mb: float = 32.0
+    body_timeout_s: float = 60.0  # the whole request body, from its first byte to its last
 
 
 @dataclass(frozen=True)

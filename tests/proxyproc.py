@@ -34,6 +34,15 @@ def cli_path() -> str:
     return which
 
 
+def delete_folder(path: Path) -> None:
+    """Delete a store folder under a running proxy as an operator would, in one step: moved
+    aside, then removed (``rmtree`` in place races SQLite, which may remove its ``-wal``
+    file meanwhile or write one back)."""
+    aside = path.with_name(path.name + ".deleted")
+    path.rename(aside)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 class ProxyProcess:
     """A proxy process with its own config file, store folder and log file."""
 

@@ -96,6 +96,25 @@ def tcp_server(handle: Callable[[socket.socket], None]) -> socketserver.Threadin
     return Server(("127.0.0.1", 0), Handler)
 
 
+def read_request(reader: Any) -> Seen | None:
+    """One HTTP/1.1 request off a connection's reader (a body framed by content-length), or
+    None once the peer has closed."""
+    line = reader.readline()
+    if not line:
+        return None
+    method, target, _ = line.decode("latin-1").split(" ", 2)
+    headers: list[tuple[str, bytes]] = []
+    while True:
+        raw = reader.readline()
+        if raw in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = raw.partition(b":")
+        headers.append((name.decode("latin-1").strip().lower(), value.strip()))
+    length = int(next((v for k, v in headers if k == "content-length"), b"0"))
+    body = reader.read(length) if length else b""
+    return Seen(method, target, headers, body)
+
+
 class RawUpstream:
     """``with RawUpstream() as up: up.url(...)`` - every request lands in ``up.seen``.
 
@@ -128,21 +147,7 @@ class RawUpstream:
 
     def _handle(self, sock: socket.socket) -> None:
         reader = sock.makefile("rb")
-        while True:
-            line = reader.readline()
-            if not line:
-                return
-            method, target, _ = line.decode("latin-1").split(" ", 2)
-            headers: list[tuple[str, bytes]] = []
-            while True:
-                raw = reader.readline()
-                if raw in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = raw.partition(b":")
-                headers.append((name.decode("latin-1").strip().lower(), value.strip()))
-            length = int(next((v for k, v in headers if k == "content-length"), b"0"))
-            body = reader.read(length) if length else b""
-            seen = Seen(method, target, headers, body)
+        while (seen := read_request(reader)) is not None:
             with self.lock:
                 self.seen.append(seen)
             if not self._answer(sock, seen):

@@ -811,3 +811,21 @@ async def test_the_loss_report_matches_the_forwarded_text(make: MakeCompactor) -
     [event] = store_events(c, p)
     assert event["facts_dropped"] == len(r.facts_dropped)
     assert event["facts_kept"] == len(r.facts_kept) + len(r.facts_appended) + len(r.facts_elsewhere)
+
+
+async def test_a_compaction_over_its_time_budget_gives_way_to_the_emergency_cut(
+    make: MakeCompactor,
+) -> None:
+    """Each call is within ``llm_timeout_s``, but the compaction as a whole is not within
+    ``compaction_timeout_s``: the request goes on with the emergency cut, and the
+    conversation cools down instead of paying for the same slow attempt again."""
+    llm = FakeLLM(delay=3600)  # the backstop is the budget under test, not this
+    c = make(llm, mode="background", llm_timeout_s=7200, compaction_timeout_s=0.2)
+    msgs = conversation(30)
+    p = await asyncio.wait_for(prepare(c, msgs), timeout=120)
+    assert p.compacted_now and p.case == "emergency"
+    assert p.forwarded_tokens <= SETTINGS.emergency_tokens
+    calls = len(llm.calls)
+    nxt = await prepare(c, msgs + conversation(3, seed=9, system=False))
+    assert len(llm.calls) == calls  # cooling down: no new LLM call
+    assert nxt.forwarded_tokens <= SETTINGS.emergency_tokens

@@ -54,3 +54,20 @@ def test_every_compaction_case_header_value_is_documented() -> None:
     row = next(line for line in README.splitlines() if line.startswith("| `x-compaction-case`"))
     for case in ("none", "summarize", "truncate", "emergency", "off", "error"):
         assert f"`{case}`" in row, case
+
+
+def test_the_table_of_waits_names_real_keys_with_their_defaults() -> None:
+    """docs/security.md's table of bounds: each `section.key` (N s) is a config key whose
+    default is N, and every timeout key of the config is in the table."""
+    security = (ROOT / "docs" / "security.md").read_text()
+    table = security.split("## Every wait has a bound", 1)[1].split("\n## ", 1)[0]
+    named = dict(re.findall(r"`(\w+\.\w+_s)` \(([\d.]+) s\)", table))
+    defaults = {
+        f"{name}.{f.name}": f.default for name, cls in _SECTIONS.items() for f in fields(cls)
+    }
+    assert named, "no bounds found in the table"
+    for key, value in named.items():
+        assert key in defaults, f"{key}: no such config key"
+        assert float(value) == defaults[key], f"{key}: the table says {value}"
+    timeouts = {k for k in defaults if k.endswith("timeout_s")}
+    assert timeouts <= set(named), f"missing from the table: {sorted(timeouts - set(named))}"

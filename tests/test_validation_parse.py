@@ -194,3 +194,28 @@ def test_the_shortcuts_accept_what_the_full_check_accepts(message: dict[str, Any
 
     body = {"model": "m", "messages": [message]}
     assert verdict(lambda: validate_chat(body)) == verdict(lambda: _check_message(0, message))
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    text=st.text(alphabet=st.sampled_from(['a', ' ', '"', "\\", "\n", "é", "𝄞", "\x00", "}"]),
+                 min_size=0, max_size=400),
+    ascii_only=st.booleans(),
+    where=st.sampled_from(["content", "parts", "system"]),
+)  # fmt: skip
+def test_a_long_string_is_decoded_in_slices_as_orjson_decodes_it(
+    small_slices: None, text: str, ascii_only: bool, where: str
+) -> None:
+    """One huge message (#29): its string is decoded a slice at a time, cut before escapes,
+    surrogate pairs (ensure_ascii) included."""
+    if where == "content":
+        body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": text}]}
+    elif where == "parts":
+        part = {"type": "text", "text": text}
+        body = {"model": "m", "messages": [{"role": "user", "content": [part, part]}]}
+    else:
+        body = {"system": text, "model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    raw = json.dumps(body, ensure_ascii=ascii_only).encode()
+    assert parse_in_slices(raw) == orjson.loads(raw)

@@ -3,7 +3,10 @@
 The proxy never needs its store to forward traffic: without one it forwards uncompacted.
 So a store that cannot be opened (a read-only or missing folder, a corrupt database) does
 not stop start-up; a store deleted or broken while running is noticed by a periodic check
-and by ``/readyz``. Either way: one error log line per change, ``compaction_proxy_store_up``
+and by ``/readyz``. A diskcache folder or database deleted or replaced while running is
+opened again (created if gone) by the next write or check (``DiskStore.reopen_if_replaced``,
+issue #29): ``/readyz`` then says when and why (``recreated``). A store that stays unusable:
+one error log line per change, ``compaction_proxy_store_up``
 0, ``/healthz`` says ``degraded`` (the process is alive: nothing to restart for), ``/readyz``
 answers 503 (readiness fails while the store is unusable), and the admin API answers 503.
 The two probes are routes of the server (``proxy.server.probes``); this module has no HTTP.
@@ -15,10 +18,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from proxy.adapters.store import DiskStore, Store, open_store
+from proxy.adapters.storevalues import WriteFailures
 from proxy.core.errors import StoreError
 
 log = logging.getLogger("compaction_proxy.health")
@@ -27,9 +30,9 @@ PROBE_KEY = "health:probe"
 CHECK_INTERVAL_S = 10.0
 
 
-class UnavailableStore:
+class UnavailableStore(WriteFailures):
     """Stands in for a store that could not be opened: every call raises ``StoreError``,
-    which every caller already treats as "forward uncompacted"."""
+    which every caller already treats as "forward uncompacted"; writes are counted."""
 
     reads_block = False
 
@@ -39,8 +42,12 @@ class UnavailableStore:
     def _fail(self, *args: Any, **kwargs: Any) -> Any:
         raise StoreError(f"store unavailable: {self.reason}")
 
-    get = set = add = delete = incr = append = extend = update = _fail
-    zadd = zadd_many = zrem = zrange = zcard = _fail
+    def _fail_write(self, *args: Any, **kwargs: Any) -> Any:
+        raise self._failed_write(StoreError(f"store unavailable: {self.reason}"))
+
+    get = zrange = zcard = _fail
+    set = add = delete = incr = append = extend = update = _fail_write
+    zadd = zadd_many = zrem = _fail_write
 
     def keys(self, prefix: str) -> Iterator[str]:
         self._fail()
@@ -66,13 +73,9 @@ def store_problem(store: Store) -> str | None:
     """Why the store cannot be used now, or None (synchronous; a write and a read)."""
     if isinstance(store, UnavailableStore):
         return store.reason
-    if isinstance(store, DiskStore):
-        path = Path(store.path)
-        if not path.is_dir():
-            return f"store directory {path} is gone"
-        if not (path / "cache.db").exists():
-            return f"store database {path / 'cache.db'} was deleted"
     try:
+        if isinstance(store, DiskStore):
+            store.reopen_if_replaced()  # deleted or replaced: open (create) them again
         store.set(PROBE_KEY, time.time(), 60)
         store.get(PROBE_KEY)
     except StoreError as exc:
@@ -83,12 +86,31 @@ def store_problem(store: Store) -> str | None:
 class StoreHealth:
     """The store's last known state; logs and counts every change."""
 
-    def __init__(self, store: Store, on_change: Callable[[bool, bool], None] | None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        on_change: Callable[[bool, bool], None] | None,
+        on_write_failure: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_change(up, changed)`` after every check, ``on_write_failure()`` on every
+        failed store write, from any thread (the metrics)."""
         self.store = store
+        if isinstance(store, WriteFailures):
+            store.on_write_failure = on_write_failure
         self.problem: str | None = store.reason if isinstance(store, UnavailableStore) else None
         self.checked_at = 0.0
         self._on_change = on_change
         self._running: asyncio.Future[str | None] | None = None
+
+    @property
+    def recreated(self) -> dict[str, Any] | None:
+        """When and why the store's files were last found deleted or replaced and opened
+        again (a diskcache store), or None."""
+        found = getattr(self.store, "recreated", None)
+        if found is None:
+            return None
+        at, reason = found
+        return {"at": round(at, 3), "reason": reason}
 
     async def check(self) -> str | None:
         """Check now; callers arriving while a check runs share it (``/readyz`` is open to

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-import orjson
-
-from proxy.adapters.sortedsets import SortedSets
+from proxy.adapters.diskstore import DiskStore
+from proxy.adapters.storevalues import WriteFailures, load, load_items
+from proxy.adapters.storevalues import dump as _dump
 from proxy.core.errors import StoreError
 
 log = logging.getLogger("compaction_proxy.store")
@@ -70,148 +70,7 @@ class Store(Protocol):
     def close(self) -> None: ...
 
 
-def _dump(value: Any) -> bytes:
-    return orjson.dumps(value)
-
-
-def _load(raw: Any) -> Any:
-    if raw is None:
-        return None
-    try:
-        return orjson.loads(raw)
-    except (orjson.JSONDecodeError, TypeError):
-        return None
-
-
-class DiskStore:
-    """The embedded default: diskcache in a private folder, safe across worker processes.
-
-    diskcache serialises writers through SQLite; ``transact`` makes read-modify-write atomic
-    across processes. Every call is synchronous and short (tens of microseconds).
-    """
-
-    # SQLite in WAL mode: a read never waits for a writer, and takes tens of microseconds -
-    # less than handing it to a thread and back (measured: bench/, docs/benchmarks.md).
-    reads_block = False
-
-    def __init__(self, directory: str | os.PathLike[str], size_limit: int = 2**32) -> None:
-        import diskcache
-
-        path = Path(directory).expanduser()
-        path.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(path, 0o700)  # private to the user even if the folder already existed
-        self.path = path
-        self._errors: tuple[type[BaseException], ...] = (OSError,)
-        try:
-            import sqlite3
-
-            self._errors = (OSError, sqlite3.Error)
-            self._cache = diskcache.Cache(
-                str(path), size_limit=size_limit, eviction_policy="least-recently-stored"
-            )
-            self._sets = SortedSets(path / "index.db")
-        except self._errors as exc:
-            raise StoreError(f"cannot open store at {path}: {exc}") from exc
-        for name in os.listdir(path):
-            if name.startswith(("cache.db", "index.db")):
-                os.chmod(path / name, 0o600)
-
-    def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except self._errors as exc:
-            raise StoreError(f"store unavailable: {exc}") from exc
-
-    def get(self, key: str) -> Any:
-        return _load(self._guard(self._cache.get, key))
-
-    def set(self, key: str, value: Any, ttl: float | None = None) -> None:
-        self._guard(self._cache.set, key, _dump(value), expire=ttl)
-
-    def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
-        return bool(self._guard(self._cache.add, key, _dump(value), expire=ttl))
-
-    def delete(self, key: str) -> None:
-        self._guard(self._cache.delete, key)
-
-    def incr(self, key: str, delta: float = 1, ttl: float | None = None) -> float:
-        def run() -> float:
-            with self._cache.transact():
-                current = _load(self._cache.get(key)) or 0
-                value = (current if isinstance(current, int | float) else 0) + delta
-                self._cache.set(key, _dump(value), expire=ttl)
-                return value
-
-        return float(self._guard(run))
-
-    def append(self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000) -> None:
-        self.extend(key, [item], ttl, max_items)
-
-    def extend(
-        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
-    ) -> None:
-        """Atomic append of several items (one transaction), keeping the newest ``max_items``."""
-
-        def run() -> None:
-            with self._cache.transact():
-                current = _load(self._cache.get(key))
-                current = current if isinstance(current, list) else []
-                current.extend(items)
-                self._cache.set(key, _dump(current[-max_items:]), expire=ttl)
-
-        self._guard(run)
-
-    def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any:
-        """Atomic read-modify-write: ``fn(old or None) -> new``, under one transaction."""
-
-        def run() -> Any:
-            with self._cache.transact():
-                value = fn(_load(self._cache.get(key)))
-                self._cache.set(key, _dump(value), expire=ttl)
-                return value
-
-        return self._guard(run)
-
-    def keys(self, prefix: str) -> Iterator[str]:
-        for key in self._guard(list, self._cache.iterkeys()):
-            if isinstance(key, str) and key.startswith(prefix):
-                yield key
-
-    def zadd(self, key: str, scores: Mapping[str, float]) -> None:
-        if scores:
-            self._guard(self._sets.add, key, scores)
-
-    def zadd_many(self, sets: Mapping[str, Mapping[str, float]]) -> None:
-        if any(sets.values()):
-            self._guard(self._sets.add_many, sets)
-
-    def zrem(self, key: str, members: Sequence[str]) -> None:
-        if members:
-            self._guard(self._sets.remove, key, members)
-
-    def zrange(
-        self,
-        key: str,
-        offset: int = 0,
-        limit: int = -1,
-        *,
-        desc: bool = False,
-        max_score: float | None = None,
-    ) -> list[tuple[str, float]]:
-        found: list[tuple[str, float]] = self._guard(
-            self._sets.range, key, offset, limit, desc, max_score
-        )
-        return found
-
-    def zcard(self, key: str) -> int:
-        return int(self._guard(self._sets.count, key))
-
-    def close(self) -> None:
-        self._sets.close()
-        self._cache.close()
-
-
-class RedisStore:
+class RedisStore(WriteFailures):
     """Redis backend for several replicas; the same guarantees as ``DiskStore``."""
 
     reads_block = True
@@ -228,27 +87,33 @@ class RedisStore:
         except self._errors as exc:
             raise StoreError(f"store unavailable: {exc}") from exc
 
+    def _write(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return self._guard(fn, *args, **kwargs)
+        except StoreError as exc:
+            raise self._failed_write(exc) from exc
+
     @staticmethod
     def _px(ttl: float | None) -> int | None:
         return int(ttl * 1000) if ttl else None
 
     def get(self, key: str) -> Any:
-        return _load(self._guard(self._redis.get, key))
+        return load(self._guard(self._redis.get, key))
 
     def set(self, key: str, value: Any, ttl: float | None = None) -> None:
-        self._guard(self._redis.set, key, _dump(value), px=self._px(ttl))
+        self._write(self._redis.set, key, _dump(value), px=self._px(ttl))
 
     def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
-        return bool(self._guard(self._redis.set, key, _dump(value), px=self._px(ttl), nx=True))
+        return bool(self._write(self._redis.set, key, _dump(value), px=self._px(ttl), nx=True))
 
     def delete(self, key: str) -> None:
-        self._guard(self._redis.delete, key)
+        self._write(self._redis.delete, key)
 
     def incr(self, key: str, delta: float = 1, ttl: float | None = None) -> float:
         # INCRBYFLOAT stores a plain number, which _load reads back as JSON.
-        value = float(self._guard(self._redis.incrbyfloat, key, delta))
+        value = float(self._write(self._redis.incrbyfloat, key, delta))
         if ttl:
-            self._guard(self._redis.pexpire, key, int(ttl * 1000))
+            self._write(self._redis.pexpire, key, int(ttl * 1000))
         return value
 
     def append(self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000) -> None:
@@ -265,7 +130,7 @@ class RedisStore:
         pipe.ltrim(list_key, -max_items, -1)
         if ttl:
             pipe.pexpire(list_key, int(ttl * 1000))
-        self._guard(pipe.execute)
+        self._write(pipe.execute)
 
     def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any:
         """Atomic read-modify-write with WATCH/MULTI, retried on a concurrent change."""
@@ -276,7 +141,7 @@ class RedisStore:
                 while True:
                     try:
                         pipe.watch(key)
-                        value = fn(_load(pipe.get(key)))
+                        value = fn(load(pipe.get(key)))
                         pipe.multi()
                         pipe.set(key, _dump(value), px=self._px(ttl))
                         pipe.execute()
@@ -284,11 +149,11 @@ class RedisStore:
                     except redis.WatchError:
                         continue
 
-        return self._guard(run)
+        return self._write(run)
 
     def get_list(self, key: str) -> list[Any]:
         raw = self._guard(self._redis.lrange, key + ":list", 0, -1)
-        return _items(raw)
+        return load_items(raw)
 
     def read_many(self, values: Sequence[str], lists: Sequence[str]) -> dict[str, Any]:
         """The module's ``read_many`` in one pipelined round trip: a request's lookup is
@@ -300,8 +165,8 @@ class RedisStore:
         for key in lists:
             pipe.lrange(key + ":list", 0, -1)
         raw = self._guard(pipe.execute)
-        got = {key: _load(r) for key, r in zip(values, raw, strict=False)}
-        got.update({key: _items(r) for key, r in zip(lists, raw[len(values) :], strict=True)})
+        got = {key: load(r) for key, r in zip(values, raw, strict=False)}
+        got.update({key: load_items(r) for key, r in zip(lists, raw[len(values) :], strict=True)})
         return got
 
     def keys(self, prefix: str) -> Iterator[str]:
@@ -311,7 +176,7 @@ class RedisStore:
 
     def zadd(self, key: str, scores: Mapping[str, float]) -> None:
         if scores:
-            self._guard(self._redis.zadd, key, dict(scores))
+            self._write(self._redis.zadd, key, dict(scores))
 
     def zadd_many(self, sets: Mapping[str, Mapping[str, float]]) -> None:
         # The ledger indexes each flush under a dozen keys: one round trip, not a dozen.
@@ -320,11 +185,11 @@ class RedisStore:
             if scores:
                 pipe.zadd(key, dict(scores))
         if len(pipe):
-            self._guard(pipe.execute)
+            self._write(pipe.execute)
 
     def zrem(self, key: str, members: Sequence[str]) -> None:
         if members:
-            self._guard(self._redis.zrem, key, *members)
+            self._write(self._redis.zrem, key, *members)
 
     def zrange(
         self,
@@ -348,10 +213,6 @@ class RedisStore:
 
     def close(self) -> None:
         self._redis.close()
-
-
-def _items(raw: Sequence[Any]) -> list[Any]:
-    return [v for v in (_load(r) for r in raw) if v is not None]
 
 
 def read_many(store: Store, values: Sequence[str], lists: Sequence[str]) -> dict[str, Any]:

@@ -28,6 +28,15 @@ class PayloadTooLarge(BadRequest):
     code = "request_too_large"
 
 
+class BodyTimeout(BadRequest):
+    """The client did not finish sending its body within ``limits.body_timeout_s``. Nothing
+    was forwarded, so the client may send it again."""
+
+    status = 408
+    code = "request_timeout"
+    retry = True
+
+
 class ContextTooLong(BadRequest):
     """Even compacted, the request is over the model's context window: nothing can be dropped."""
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from proxy.core import candidates, costs, planner, stability
 from proxy.core.behaviour import LoopBreak, observe
@@ -28,12 +29,13 @@ from proxy.core.flow_watch import watch
 from proxy.core.lookup import best_checkpoint, checked_record, checkpoint_keys, record_key
 from proxy.core.messages import Message
 from proxy.core.modelmap import context_window, provider_family
-from proxy.core.prepared import Env, Prepared
+from proxy.core.prepared import Env, Outcome, Prepared
 from proxy.core.records import CompactionRecord, conv_key
 from proxy.core.stability import StabilityState
 from proxy.core.view import reviewed, view
 
 log = logging.getLogger("compaction_proxy.compactor")
+T = TypeVar("T")
 
 # Substitution and stability tracking cost a fraction of identification per message
 # (~0.3 us): below this many messages a thread hop (~0.2 ms, measured) costs more than
@@ -207,16 +209,14 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         # The cheapest tier first, inline: no LLM call, so no reason to wait for it.
         d = p.decision
         llm_next = d.action in ("background", "inline") and d.use_llm
-        pruned = candidates.verdict(
-            env, p, candidates.pruning(env, p, at_least=s.prune_clear_at_least), llm_next=llm_next
-        )
+        pruned = yield from _work(req, _pruned, env, p, s.prune_clear_at_least, llm_next)
         if pruned.record is not None:
             yield from persist(p, pruned)
-            p = decide(reviewed(env, p, pruned.record))
+            p = decide((yield from _work(req, reviewed, env, p, pruned.record)))
     if p.decision.action == "inline":
         outcome = yield CompactNow(p)
         if outcome.record is not None:
-            p = reviewed(env, p, outcome.record)
+            p = yield from _work(req, reviewed, env, p, outcome.record)
     limit = p.decision.limit_tokens
     if window and limit is not None and p.forwarded_tokens > window:
         p = p.but(too_long=True)
@@ -226,6 +226,19 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         else:
             p = stabilise(env, p, state.tracker, ident.fps)
     return p
+
+
+def _work(req: Request, fn: Callable[..., T], *args: Any) -> Flow[T]:
+    """``fn(*args)``: a ``Compute`` command (off the loop) for a big request, else here."""
+    if req.offload:
+        return (yield Compute(fn, args))  # type: ignore[no-any-return]
+    return fn(*args)
+
+
+def _pruned(env: Env, p: Prepared, at_least: int, llm_next: bool) -> Outcome:
+    """The pruning tier's verdict (its loss report reads the whole pruned span)."""
+    pruning = candidates.pruning(env, p, at_least=at_least)
+    return candidates.verdict(env, p, pruning, llm_next=llm_next)
 
 
 def pays(env: Env, p: Prepared, meta: Any) -> bool:

@@ -27,6 +27,9 @@ class CompactionSettings:
     cooldown_s: float = 300.0
     soft_cooldown_s: float = 30.0
     llm_timeout_s: float = 120.0
+    # A whole compaction (a long span is summarized in several calls): past it the request
+    # goes on without it. The conversation's lock lives this long plus 30 s.
+    compaction_timeout_s: float = 300.0
     detector_window_messages: int = 50
     detector_chars_per_message: int = 1000
     key_references_max_chars: int = 600

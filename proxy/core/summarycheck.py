@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 
+from proxy.core import textscan
+
 _REFUSAL_RE = re.compile(
     # ['’]: models often write typographic apostrophes ("I’m sorry").
     r"^\s*(?:I['’]m sorry|I am sorry|Sorry,|I cannot|I can['’]t|I can not|I['’]m unable|"
@@ -94,7 +96,7 @@ def overlap(summary: str, span_text: str) -> float:
     words = content_words(summary)
     if len(words) < 3:
         return 1.0  # too few words to judge
-    span = {_stem(w) for w in _WORD_RE.findall(span_text)}
+    span = {_stem(w) for w in textscan.findall(_WORD_RE, span_text)}  # a slice at a time
     return len(words & span) / len(words)
 
 

@@ -40,6 +40,7 @@ from proxy.core.prepared import Env, Outcome, Prepared, Prompts, nothing
 from proxy.core.records import MAX_CHECKPOINTS, conv_key
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
+from proxy.engine.stepping import Done, advance
 from proxy.operators import ledger
 
 log = logging.getLogger("compaction_proxy.compactor")
@@ -49,6 +50,10 @@ T = TypeVar("T")
 # milliseconds per hundred kilobytes, which must not stall every other request on the loop.
 # Below it the thread hop would cost more than it saves.
 OFFLOAD_MESSAGES = 1000
+# Histories this long are prepared entirely off the loop (``run(off_loop=True)``): below it
+# the substitution, decision and stability steps take under 2 ms on the loop, less than the
+# extra thread hops would add (see flow_prepare.SETTLE_OFFLOAD_MESSAGES).
+STEP_OFFLOAD_MESSAGES = flow_prepare.SETTLE_OFFLOAD_MESSAGES
 _RECENT_TRACKERS = 4096
 _RECENT_S = 10.0  # how long this worker answers for its own queued tracker writes
 
@@ -91,15 +96,20 @@ class Compactor:
 
     # ---- running flows -------------------------------------------------------------------
 
-    async def run(self, flow: Flow[T]) -> T:
-        """Drive ``flow`` to its end: answer each command, throw each failure back in."""
+    async def run(self, flow: Flow[T], *, off_loop: bool = False) -> T:
+        """Drive ``flow`` to its end: answer each command, throw each failure back in.
+        ``off_loop``: advance the flow itself in a worker thread (``proxy.engine.stepping``),
+        for a conversation whose size would make its pure steps stall the event loop."""
         reply: Any = None
         failure: BaseException | None = None
         while True:
-            try:
-                command = flow.send(reply) if failure is None else flow.throw(failure)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+            if off_loop:
+                step = await asyncio.to_thread(advance, flow, reply, failure, compute=True)
+            else:
+                step = advance(flow, reply, failure, compute=False)
+            if isinstance(step, Done):
+                return step.value  # type: ignore[no-any-return]
+            command = step
             reply, failure = None, None
             try:
                 reply = await self._execute(command)
@@ -205,7 +215,8 @@ class Compactor:
             summary_joins=summary_joins,
             reserve_tokens=reserve_tokens,
         )
-        return await self.run(flow_prepare.prepare(self.env, messages, request))
+        flow = flow_prepare.prepare(self.env, messages, request)
+        return await self.run(flow, off_loop=len(messages) >= STEP_OFFLOAD_MESSAGES)
 
     def schedule(self, prepared: Prepared) -> None:
         """After a successful response: persist the stability tracker and run a background
@@ -281,16 +292,30 @@ class Compactor:
         return outcome
 
     async def _guarded(self, prepared: Prepared, *, inline: bool, waited: bool) -> Outcome:
-        """The compaction flow; a crash in it is the last line of failing open."""
+        """The compaction flow within ``compaction_timeout_s``; a crash in it is the last
+        line of failing open."""
+        budget = self.settings.compaction_timeout_s
         try:
             flow = flow_compact.compact(self.env, prepared, inline=inline, waited=waited)
-            return await self.run(flow)
+            try:
+                async with asyncio.timeout(budget):
+                    # Off the loop, always: a compaction is rare, waits on LLM calls anyway,
+                    # and its work (transcripts, key facts, loss report) grows with the span.
+                    return await self.run(flow, off_loop=True)
+            except TimeoutError:
+                pass  # (not closed: a step may still be running in its thread; it ends alone)
+            # Each call had its own bound, but a long span takes many: the request (or the
+            # lock, for a background one) must not wait for all of them.
+            log.warning("compaction over its time budget", extra={"budget_s": budget})
+            reason = f"compaction took longer than {budget:g} s"
+            await self.run(flow_compact.cooldown(self.env, prepared, soft=False))
+            return await self.run(flow_compact.fallback(self.env, prepared, reason), off_loop=True)
         except Exception as exc:
             log.exception("compaction crashed; request goes through unchanged")
             return nothing(f"internal error: {type(exc).__name__}", failed=True)
 
     async def _locked(self, prepared: Prepared, key: str, inline: bool) -> Outcome:
-        ttl = self.settings.llm_timeout_s * 2 + 30
+        ttl = self.settings.compaction_timeout_s + 30  # outlives the compaction it guards
         try:
             await self._release_orphans()
             stamp = time.time()

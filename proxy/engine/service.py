@@ -338,5 +338,5 @@ def build_service(
         retention_s=config.retention_s,
         on_event=metrics.observe_event,
     )
-    health = StoreHealth(store, metrics.observe_store)
+    health = StoreHealth(store, metrics.observe_store, metrics.observe_store_write_failure)
     return Service(config, store, compactor, metrics, health, owns_store)

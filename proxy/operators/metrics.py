@@ -202,6 +202,12 @@ class Metrics:
             "Times the store was found unavailable (unwritable, deleted, corrupt, unreachable).",
             registry=r,
         )
+        self.store_write_failures = Counter(
+            f"{PREFIX}_store_write_failures",
+            "Store writes that failed and were dropped (a ledger flush, a record, a lock, "
+            "state): each one is counted here, none is lost silently.",
+            registry=r,
+        )
         self.rejected = Counter(
             f"{PREFIX}_rejected_requests",
             "Requests the proxy itself answered with a 4xx (never forwarded), by route and "
@@ -361,6 +367,10 @@ class Metrics:
         self.store_up.set(1 if up else 0)
         if changed and not up:
             self.store_failures.inc()
+
+    def observe_store_write_failure(self) -> None:
+        """One store write failed (called from the store, in any thread)."""
+        self.store_write_failures.inc()
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type; all workers' sum in multiprocess mode."""

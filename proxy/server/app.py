@@ -35,6 +35,7 @@ from proxy.adapters.forward import (
 from proxy.adapters.llm import HttpLLM
 from proxy.adapters.store import Store
 from proxy.config import Config
+from proxy.core.errors import UpstreamError
 from proxy.core.headers import compaction_headers
 from proxy.core.tokens import warm_tokenizers
 from proxy.engine.service import Service, build_service, too_long
@@ -122,15 +123,20 @@ async def _serve(request: Request, surface: Surface, send: Send) -> None:
         own.update(compaction_headers(call.prepared))
         return forwarder.request("POST", url, raw, headers)
 
-    if not stream:
-        await forward_whole(
-            service, forwarder, call, upstream_request, own, send, receive, client_body
-        )
-        return
-    await forward_stream(
-        service, forwarder, call, surface, upstream_request, own, drop_usage, send, receive,
-        client_body,
-    )  # fmt: skip
+    try:
+        if not stream:
+            await forward_whole(
+                service, forwarder, call, upstream_request, own, send, receive, client_body
+            )
+            return
+        await forward_stream(
+            service, forwarder, call, surface, upstream_request, own, drop_usage, send, receive,
+            client_body,
+        )  # fmt: skip
+    except UpstreamError as exc:
+        # The client gets our 502/504: the ledger and metrics count it as any answer (#29).
+        service.finish(call, None, exc.status)
+        raise
 
 
 def compaction_llm(config: Config, client: httpx.AsyncClient) -> HttpLLM:

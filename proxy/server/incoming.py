@@ -3,12 +3,14 @@ the service (``proxy.engine.service.Incoming``)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
 
-from proxy.core.errors import BadRequest, PayloadTooLarge
+from proxy.config import Limits
+from proxy.core.errors import BadRequest, BodyTimeout, PayloadTooLarge
 from proxy.core.fingerprint import tenant_id
 from proxy.core.tokens import TokenCounter
 from proxy.engine.service import Incoming
@@ -24,22 +26,35 @@ def credential_of(request: Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing more than ``limit`` bytes without reading them all."""
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The body, refusing more than ``limit`` bytes without reading them all, and a body
+    not complete within ``timeout_s`` (None: the app's ``limits.body_timeout_s``): a client
+    that stops sending half-way never holds a connection and its memory for good."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+    if timeout_s is None:
+        timeout_s = _body_timeout(request)
     chunks = []
     size = 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+                chunks.append(chunk)
     except ClientDisconnect as exc:
         raise BadRequest("client disconnected while sending the body") from exc
+    except TimeoutError as exc:
+        raise BodyTimeout(f"the request body did not arrive within {timeout_s:g} s") from exc
     return b"".join(chunks)
+
+
+def _body_timeout(request: Request) -> float:
+    service = getattr(request.app.state, "res", None)
+    config = getattr(service, "config", None)
+    return config.limits.body_timeout_s if config is not None else Limits.body_timeout_s
 
 
 def parse_and_validate(raw: bytes, surface: Surface) -> dict[str, Any]:

@@ -25,8 +25,13 @@ async def healthz(request: Request) -> Response:
 
 
 async def readyz(request: Request) -> Response:
-    """Readiness: the store answers a write and a read now (checked on each call)."""
-    problem = await _health(request).check()
+    """Readiness: the store answers a write and a read now (checked on each call); a store
+    that was recreated while running says when and why (``store_recreated``)."""
+    health = _health(request)
+    problem = await health.check()
+    # A store found deleted or replaced and opened again says so (issue #29): its records
+    # from before are gone, which an operator should know even though it is ready again.
+    recreated = {"store_recreated": health.recreated} if health.recreated else {}
     if problem is None:
-        return JSONResponse({"status": "ready"})
-    return JSONResponse({"status": "unavailable", "store": problem}, status_code=503)
+        return JSONResponse({"status": "ready", **recreated})
+    return JSONResponse({"status": "unavailable", "store": problem, **recreated}, status_code=503)
