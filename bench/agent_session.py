@@ -148,9 +148,14 @@ class ScriptedLLM:
         return LLMReply(text, "stop", prompt, completion, model)
 
 
-def session(requests: int, seed: int = 7, scale: float = 1.0) -> list[Message]:
-    """The whole session; request i sends every message before the i-th assistant message."""
+def session(
+    requests: int, seed: int = 7, scale: float = 1.0, writes: bool = False
+) -> list[Message]:
+    """The whole session; request i sends every message before the i-th assistant message.
+    ``writes``: about one tool round in three also writes or edits a new file (#26's artifact
+    trail; drawn from a second random stream, so the rest of the session is unchanged)."""
     rng = random.Random(seed)
+    wrng = random.Random(seed + 1)
     facts = list(FACTS)
     msgs: list[Message] = [
         {"role": "system", "content": SYSTEM},
@@ -182,6 +187,12 @@ def session(requests: int, seed: int = 7, scale: float = 1.0) -> list[Message]:
                 if tool == "run_tests":
                     args = {"target": "tests/test_" + rng.choice(WORDS) + ".py"}
                 calls.append((f"call_{call_no}", tool, args))
+            if writes and wrng.random() < 0.3:
+                n = len([c for c in calls if c[1] in ("write_file", "edit_file")]) + call_no
+                path = f"src/billing/{wrng.choice(WORDS)}_v{n}.py"
+                calls.append(
+                    (f"call_w{n}", wrng.choice(["write_file", "edit_file"]), {"path": path})
+                )
             msgs.append(
                 {
                     "role": "assistant",
@@ -198,6 +209,9 @@ def session(requests: int, seed: int = 7, scale: float = 1.0) -> list[Message]:
             )
             assistants += 1
             for cid, tool, _args in calls:
+                if tool in ("write_file", "edit_file"):
+                    msgs.append({"role": "tool", "tool_call_id": cid, "content": "ok, 41 lines"})
+                    continue
                 size = {"read_file": (1500, 3000), "grep": (300, 800), "run_tests": (800, 2000)}
                 lo, hi = size[tool]
                 body = _output(rng, int(rng.randint(lo, hi) * scale))
@@ -245,20 +259,31 @@ def run(
     summarizer: str = "extractive",
     scale: float = 1.0,
     trigger: int | None = None,
+    *,
+    writes: bool = False,
+    keep_text: bool = False,
 ) -> dict[str, Any]:
     """Drive the session with the default settings (or another ``trigger_tokens``); returns
-    the figures (see ``markdown``)."""
+    the figures (see ``markdown``); ``keep_text`` adds the session and the last forwarded
+    request (``messages``, ``final_forwarded``)."""
     settings = CompactionSettings()
     if trigger is not None:
         settings = CompactionSettings(trigger_tokens=trigger)
-    return asyncio.run(_run(requests, SUMMARIZERS[summarizer], summarizer, scale, settings))
+    msgs = session(requests, scale=scale, writes=writes)
+    result = asyncio.run(_run(msgs, requests, SUMMARIZERS[summarizer], summarizer, settings))
+    if not keep_text:
+        result.pop("messages"), result.pop("final_forwarded")
+    return result
 
 
 async def _run(
-    requests: int, summarize: Summarizer, name: str, scale: float, settings: CompactionSettings
+    msgs: list[Message],
+    requests: int,
+    summarize: Summarizer,
+    name: str,
+    settings: CompactionSettings,
 ) -> dict[str, Any]:
     counter = TokenCounter()
-    msgs = session(requests, scale=scale)
     ends = [i for i, m in enumerate(msgs) if m["role"] == "assistant"][:requests]
     llm = ScriptedLLM(summarize, counter)
     cases: dict[str, int] = {}
@@ -323,6 +348,8 @@ async def _run(
         # New messages are never cached: this share of forwarded tokens is the ceiling.
         "new_share": sum(t[4] for t in trace) / ours.forwarded if ours.forwarded else 0.0,
         "trace": trace,
+        "messages": msgs[: ends[-1]] if ends else msgs,
+        "final_forwarded": previous,
     }
 
 

@@ -136,3 +136,21 @@ def test_the_bench_agent_session_keeps_19_of_20_fact_values_with_the_digits_summ
     assert result["facts_planted"] == 20
     assert result["fact_keys_in_final_request"] >= 19, result["fact_keys_in_final_request"]
     assert result["failures"] == 0
+
+
+def test_the_bench_agent_session_forwards_facts_with_their_labels_and_the_files_it_wrote() -> None:
+    # #26 acceptance, with the digits summarizer and write/edit calls in the session: at least
+    # 19 of 20 planted values with the words that say what they are (labels written by hand
+    # in eval/agent_quality.py), none of our own framing on a Key references line, and at
+    # least 95% of the paths the agent wrote still forwarded at the end.
+    from bench.agent_session import run
+    from eval.agent_quality import measure
+
+    figures = measure(run(300, "digits", writes=True, keep_text=True))
+    print(figures)
+    assert figures["facts_planted"] == 20
+    assert figures["compactions"] >= 3  # the facts went through several summaries
+    assert figures["facts_with_label"] >= 19, figures["facts_without_label"]
+    assert figures["framing_artefacts"] == []
+    assert figures["written_paths"] >= 50
+    assert figures["written_paths_forwarded"] >= 0.95 * figures["written_paths"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.core.keyfacts import extract_key_facts, facts_in, guard, ranked, scaled_budget
+from proxy.core.keyfacts import extract_key_facts, facts_in, ranked, scaled_budget
+from proxy.core.references import guard
 
 
 @pytest.mark.parametrize(
@@ -84,11 +85,25 @@ def test_guard_appends_only_lost_facts_and_reports() -> None:
 
 
 def test_guard_leaves_a_complete_summary_alone() -> None:
-    summary = "KeyError in parse_invoice(); /srv/billing/config.yaml; OPS-4821; port 8443."
+    summary = (
+        "The crash is a KeyError in parse_invoice(); the config lives at "
+        "/srv/billing/config.yaml; the ticket is OPS-4821; staging listens on port 8443."
+    )
     out, report = guard(SPAN, summary, max_chars=600)
     assert out == summary
     assert report.appended == () and report.dropped == ()
     assert len(report.kept) == 5
+
+
+def test_guard_labels_bare_identifiers_the_summary_kept_without_meaning() -> None:
+    # #26: "8443" alone says nothing; the reference says what it is, in the span's words.
+    summary = "KeyError in parse_invoice(); /srv/billing/config.yaml; OPS-4821; port 8443."
+    out, report = guard(SPAN, summary, max_chars=600)
+    refs = out.split("Key references: ", 1)[1]
+    assert "Staging listens on port 8443" in refs
+    assert "the ticket is OPS-4821" in refs or "ticket is OPS-4821" in refs
+    assert "config lives at /srv/billing/config.yaml" in refs
+    assert "port 8443" in report.appended and report.dropped == ()
 
 
 def test_guard_is_bounded_by_max_chars_and_reports_dropped() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from proxy.core.keyfacts import guard
+from proxy.core.references import guard
 from proxy.core.lossreport import facts_text, note_keeps_all, report, split_summary
 
 SPAN = (

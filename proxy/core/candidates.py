@@ -10,7 +10,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from proxy.core import keyfacts, layout, lossreport, pins, planner, prune
+from proxy.core import anchors, layout, lossreport, pins, planner, prune, references
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
 from proxy.core.records import CompactionRecord
@@ -74,7 +74,10 @@ def pruning(env: Env, p: Prepared, *, at_least: int) -> Outcome:
     """The pruning tier: old tool results replaced by placeholders, when that frees enough."""
     started = time.monotonic()
     found = prune.plan(
-        p.forwarded, env.settings, lambda text: env.counter.count_text(text, p.model)
+        p.forwarded,
+        env.settings,
+        lambda text: env.counter.count_text(text, p.model),
+        keep=p.keep_results,
     )
     if not found.replacements or found.freed_tokens < max(1, at_least):
         return nothing("pruning would not free enough")
@@ -89,6 +92,7 @@ def pruning(env: Env, p: Prepared, *, at_least: int) -> Outcome:
         reason=f"cleared {len(found.cleared)} old tool results",
         started=started,
         loss=lossreport.report(found.cleared_text, None, lossreport.facts_text(after)),
+        anchored=anchors.report(found.cleared_text, None, lossreport.facts_text(after)),
     )
     record = dataclasses.replace(record, pruned=found.cleared)
     return Outcome(Case.PRUNE, record, record.boundary_reason)
@@ -108,6 +112,7 @@ def record_for(
     llm_tokens: int = 0,
     llm_usd: float = 0.0,
     found: pins.Pins | None = None,
+    anchored: anchors.AnchorReport | None = None,
 ) -> CompactionRecord:
     """The record of a new layout of ``p``'s forwarded list (``verdict`` judges it)."""
     tokens_after = sum(p.forwarded_counts[i] for i in new.kept) + 3
@@ -135,6 +140,8 @@ def record_for(
         prefix=new.entries,
         pinned=pin_lines(p, found.reasons if found else {}),
         unpinned=pin_lines(None, found.oversized if found else {}, p.origins),
+        anchors=anchored.to_json() if anchored else {},
+        request_len=len(p.original),
     )
 
 
@@ -169,11 +176,14 @@ def build(
     if text is not None:
         budget = env.settings.key_references_max_chars
         if refs_scale:
-            budget = keyfacts.scaled_budget(budget, len(span_text))
-        text, _ = keyfacts.guard(span_text, text, budget, elsewhere=rest_text)
+            budget = references.budget(budget, span_text)
+        text, _ = references.guard(span_text, text, budget, elsewhere=rest_text, files_chars=budget)
         summary_msg = planner.summary_message(text, covered, p.summary_role)
     # Against the forwarded text itself: the summary as stored and everything around it.
     loss = lossreport.report(
+        span_text, None if summary_msg is None else str(summary_msg["content"]), rest_text
+    )
+    anchored = anchors.report(
         span_text, None if summary_msg is None else str(summary_msg["content"]), rest_text
     )
     new = layout.replaced(p.view(), head_len, body, cut, found, summary_msg)
@@ -190,6 +200,7 @@ def build(
         llm_tokens=llm_tokens,
         llm_usd=llm_usd,
         found=found,
+        anchored=anchored,
     )
     return Outcome(case, record, reason or case)
 

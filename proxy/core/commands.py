@@ -16,7 +16,7 @@ from typing import Any, Protocol, TypeVar
 from proxy.core.messages import Message
 from proxy.core.prepared import Outcome, Prepared
 from proxy.core.records import CompactionRecord
-from proxy.core.types import Event
+from proxy.core.types import Event, QualityEvent
 
 T = TypeVar("T")
 
@@ -87,7 +87,7 @@ class Emit:
 
     tenant: str
     conversation: str
-    event: Event
+    event: Event | QualityEvent
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,16 @@ class CompactNow:
     prepared: Prepared
 
 
-Command = Read | Compute | Complete | Persist | Cooldown | Emit | CompactNow
+@dataclass(frozen=True)
+class Remember:
+    """Store one per-conversation value (the agent's behaviour, the loop breaker's decision)
+    with the store's retention."""
+
+    key: str
+    value: Any
+
+
+Command = Read | Compute | Complete | Persist | Cooldown | Emit | CompactNow | Remember
 Flow = Generator[Command, Any, T]
 __all__ = [
     "Command",
@@ -111,5 +120,6 @@ __all__ = [
     "Outcome",
     "Persist",
     "Read",
+    "Remember",
     "Reply",
 ]

@@ -120,6 +120,9 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
     earlier = None
     if earlier_at is not None:
         earlier = summarizer.strip_summary_header(str(fwd[earlier_at].get("content", "")))
+        # Its key references are the guard's to carry (with their labels, within their own
+        # budget); the summarizer's budget goes to prose.
+        earlier = lossreport.split_summary(earlier)[0]
     text: str | None = None
     if case == Case.TRUNCATE:
         if s.truncate_keeps_note:
@@ -232,6 +235,7 @@ def compaction_event(record: CompactionRecord, reason: str) -> CompactionEvent:
         + len(record.facts_appended)
         + len(record.facts_elsewhere),
         "facts_dropped": len(record.facts_dropped),
+        "anchors": record.anchors.get("counts", {}),
         "ts": time.time(),
         "model": record.model,
     }

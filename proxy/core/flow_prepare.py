@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from proxy.core import candidates, planner, stability, timing
+from proxy.core.behaviour import LoopBreak, observe
 from proxy.core.commands import CompactNow, Compute, Flow, Read
 from proxy.core.controls import Controls, sampled
 from proxy.core.errors import StoreError
@@ -24,6 +25,7 @@ from proxy.core.fingerprint import (
     prefix_chain,
 )
 from proxy.core.flow_compact import persist
+from proxy.core.flow_watch import watch
 from proxy.core.lookup import best_checkpoint, checked_record, checkpoint_keys, record_key
 from proxy.core.messages import Message
 from proxy.core.modelmap import context_window, provider_family
@@ -81,6 +83,8 @@ class State:
     refused: bool = False  # the upstream refused a compacted body of this conversation
     tracker: StabilityState | None = None
     meta: Any = None  # the ledger's view of the conversation (``policy: cost`` only)
+    behave: Any = None  # the agent's behaviour after each compaction (flow_watch)
+    loop: LoopBreak | None = None  # the loop breaker's decision in force
 
 
 def identify(env: Env, messages: list[Message], req: Request) -> Identity:
@@ -101,8 +105,9 @@ def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
     t, conv, earlier = req.tenant, ident.conversation, ident.earlier
     cool, pause, stab = (conv_key(kind, t, conv) for kind in ("cool", "pause", "stab"))
     refused = conv_key("refused", t, conv)
+    behave, loop = conv_key("behave", t, conv), conv_key("loop", t, conv)
     meta = (conv_key("conv", t, conv),) if env.settings.policy == "cost" else ()
-    keys = (cool, pause, stab, refused, *meta)
+    keys = (cool, pause, stab, refused, behave, loop, *meta)
     got = yield Read(values=keys, lists=checkpoint_keys(t, conv, earlier))
     tracker = _tracker(got.get(stab))
     best = best_checkpoint(got, t, conv, earlier, ident.chain)
@@ -120,6 +125,8 @@ def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
         refused=got.get(refused) is not None,
         tracker=tracker,
         meta=got.get(meta[0]) if meta else None,
+        behave=got.get(behave),
+        loop=LoopBreak.from_json(got.get(loop)),
     )
 
 
@@ -195,6 +202,13 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         return p.but(case=controls.case, skipped=True)
     if controls.shadow:
         return p  # measured only: no inline work, no cache marks
+    if s.enabled and p.record is not None:
+        args = (p.original, p.record)
+        # One pass over the history, like substitution: off the loop for a huge one.
+        seen = (yield Compute(observe, args)) if settle_off else observe(*args)
+        loop = yield from watch(env, p, seen, state.behave, state.loop)
+        if loop is not None and loop.keep:
+            p = p.but(keep_results=frozenset(loop.keep))
     if s.enabled and s.prune and p.forwarded_tokens > s.trigger_tokens:
         # The cheapest tier first, inline: no LLM call, so no reason to wait for it.
         d = p.decision

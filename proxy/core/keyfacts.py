@@ -3,9 +3,8 @@
 Summaries paraphrase; operators and models need the exact strings back (ticket ids, paths,
 URLs, amounts, decisions). Facts are extracted by kind, noise is dropped (progress
 percentages, tool-call ids, reasoning hashes, log timestamps), and the rest is ranked by how
-identifying it is. Whatever the replaced span contained and neither the summary nor the rest of
-the forwarded context holds is appended, most identifying first, as one bounded
-``Key references:`` line.
+identifying it is. ``proxy.core.references`` labels and ranks them for the
+bounded ``Key references:`` line of a summary.
 """
 
 from __future__ import annotations
@@ -207,6 +206,8 @@ def _clean(kind: str, fact: str) -> str:
         fact = fact.split(". ")[0].rstrip(".,;:")
     if kind == "command":
         fact = _COMMAND_END_RE.split(fact.lstrip("$` \t"))[0]
+    while fact.endswith("]") and fact.count("]") > fact.count("["):
+        fact = fact[:-1]  # a bracket closing the text around it (a placeholder), not the fact
     return fact.replace("; ", ", ")
 
 
@@ -235,7 +236,7 @@ def _is_noise(kind: str, fact: str, text: str, start: int, end: int) -> bool:
     return False
 
 
-def _strip_opaque(text: str) -> str:
+def strip_opaque(text: str) -> str:
     """The text without reasoning lines and tool-call ids (they identify nothing a user said)."""
     text = textscan.sub(_REASONING_RE, "", text)
     return textscan.sub(_TOOL_ID_IN_TEXT_RE, " ", text)
@@ -243,7 +244,7 @@ def _strip_opaque(text: str) -> str:
 
 def facts_in(text: str, limit: int = 500) -> list[Fact]:
     """The distinct facts of ``text`` with their kind and score, in order of first appearance."""
-    text = _strip_opaque(text)
+    text = strip_opaque(text)
     per_pattern: list[list[tuple[int, int, int, str, float, str, bool]]] = []
     for order, (kind, weight, pattern) in enumerate(_COMPILED):
         found_here = []
@@ -329,43 +330,3 @@ def scaled_budget(base_chars: int, span_chars: int, factor: int = 4) -> int:
     if base_chars <= 0:
         return 0
     return min(base_chars * factor, max(base_chars, span_chars // 40))
-
-
-@dataclass(frozen=True)
-class FactReport:
-    """Where the replaced span's key facts are after a compaction."""
-
-    kept: tuple[str, ...]  # in the summary text itself
-    dropped: tuple[str, ...]  # nowhere in the forwarded context
-    appended: tuple[str, ...]  # added on the ``Key references:`` line
-    elsewhere: tuple[str, ...] = ()  # still in the forwarded head, pins or verbatim part
-
-
-def guard(
-    span_text: str, summary: str, max_chars: int, *, elsewhere: str = ""
-) -> tuple[str, FactReport]:
-    """Append the facts that the summary and ``elsewhere`` (the rest of the forwarded context)
-    both lack, most identifying first, within ``max_chars``; report where each fact is.
-
-    ``dropped`` lists what is missing even after the appended line (it did not fit).
-    """
-    facts = ranked(facts_in(span_text))
-    kept = [f.text for f in facts if f.text in summary]
-    there = [f.text for f in facts if f.text not in summary and f.text in elsewhere]
-    lost = [f.text for f in facts if f.text not in summary and f.text not in elsewhere]
-    appended: list[str] = []
-    used = 0
-    for fact in lost:
-        if any(fact in other for other in appended):
-            appended.append(fact)  # already carried by a longer fact: costs nothing
-            continue
-        cost = len(fact) + 2
-        if used + cost > max_chars:
-            continue
-        appended.append(fact)
-        used += cost
-    if appended:
-        shown = [f for f in appended if not any(f != o and f in o for o in appended)]
-        summary = f"{summary.rstrip()}\n\nKey references: {'; '.join(shown)}"
-    dropped = [f for f in lost if f not in appended]
-    return summary, FactReport(tuple(kept), tuple(dropped), tuple(appended), tuple(there))

@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from proxy.core import keyfacts
+from proxy.core import references
 from proxy.core.messages import Message, render
 
-KEY_REFERENCES = "\n\nKey references: "  # how keyfacts.guard appends lost facts
+KEY_REFERENCES = references.KEY_REFERENCES
 _ITEM_KEY = "_responses_item"  # surfaces.ITEM_KEY: the Responses item behind a view message
 _OPAQUE_ITEMS = frozenset({"reasoning"})
 
@@ -58,8 +58,8 @@ def report(span_text: str, summary: str | None, rest_text: str) -> LossReport:
     appended: list[str] = []
     elsewhere: list[str] = []
     dropped: list[str] = []
-    for fact in keyfacts.ranked(keyfacts.facts_in(span_text)):
-        text = fact.text
+    for ref in references.references(span_text):
+        text = ref.fact
         if text in own:
             kept.append(text)
         elif text in refs:
@@ -76,5 +76,5 @@ def note_keeps_all(span_text: str, note: str | None, rest_text: str, max_chars: 
     ``max_chars``) loses no fact the rest of the forwarded context does not hold."""
     if note is None:
         return not report(span_text, None, rest_text).dropped
-    _, guarded = keyfacts.guard(span_text, note, max_chars, elsewhere=rest_text)
+    _, guarded = references.guard(span_text, note, max_chars, elsewhere=rest_text)
     return not guarded.dropped

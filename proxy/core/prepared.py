@@ -83,6 +83,8 @@ class Prepared:
     reserve_tokens: int = 0
     # Over the model's context window and nothing left that could be dropped.
     too_long: bool = False
+    # Tool calls (behaviour.identity) whose latest result pruning keeps: the loop breaker's.
+    keep_results: frozenset[str] = frozenset()
 
     @property
     def as_sent(self) -> bool:

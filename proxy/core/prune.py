@@ -6,7 +6,7 @@ Rules (learned from Anthropic's ``clear_tool_uses`` and OpenCode's prune, made c
   call id, so the call/result structure is intact on every surface);
 - the most recent ``prune_keep_tool_results`` results are never cleared, nor the results
   within the most recent ``prune_protect_tokens`` of tool output, nor any result of a tool in
-  ``prune_exclude_tools``;
+  ``prune_exclude_tools``, nor the latest result of a call the loop breaker keeps (``keep``);
 - a repeated identical call (same tool, same arguments) keeps only its latest output, wherever
   the older ones are (outside the most recent N);
 - a plan is only worth applying when it frees at least ``prune_clear_at_least`` tokens: every
@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.keyfacts import facts_in, ranked
+from proxy.core import references
 from proxy.core.messages import Message
 from proxy.core.settings import CompactionSettings
 
@@ -163,16 +163,22 @@ def placeholder(result: ToolResult, tokens: int, repeated: bool) -> str:
 
 
 def key_references(text: str, max_chars: int = FACTS_CHARS) -> str:
-    """The output's most identifying facts (ids, paths, numbers with units...), bounded: what
-    the model most likely needs again without calling the tool."""
+    """The output's most needed facts (errors, files, ids, numbers with units...), each with
+    the words that say what it is when those fit (``references``), bounded: what the model
+    most likely needs again without calling the tool."""
     kept: list[str] = []
     used = 0
-    for found in ranked(facts_in(text, limit=50)):
-        fact = " ".join(found.text.split())
-        if len(fact) > 60 or used + len(fact) + 2 > max_chars:
+    for ref in references.references(text, limit=50):
+        fact = " ".join(ref.fact.split())
+        if len(fact) > 60 or any(fact in k for k in kept):
             continue
-        kept.append(fact)
-        used += len(fact) + 2
+        item = " ".join(ref.item.removeprefix(references.USER_MARK).split())
+        if len(item) > 90 or used + len(item) + 2 > max_chars:
+            item = fact
+        if used + len(item) + 2 > max_chars:
+            continue
+        kept.append(item)
+        used += len(item) + 2
     return "; ".join(kept)
 
 
@@ -200,6 +206,7 @@ def plan(
     settings: CompactionSettings,
     count_text: Callable[[str], int],
     start: int = 0,
+    keep: frozenset[str] = frozenset(),
 ) -> PrunePlan:
     """Which tool results of ``messages[start:]`` to clear (the caller decides whether the
     plan pays: ``freed_tokens >= prune_clear_at_least``). Only tool-result content is ever
@@ -211,7 +218,7 @@ def plan(
     latest: dict[bytes, int] = {}
     for n, r in enumerate(results):
         latest[_identity(r)] = n
-    protected_tokens = 0
+    protected_tokens = kept_tokens = 0
     chosen: list[tuple[ToolResult, str, int]] = []
     for n in range(len(results) - 1, -1, -1):
         r = results[n]
@@ -219,6 +226,12 @@ def plan(
             continue
         tokens = count_text(r.text)
         repeated = latest[_identity(r)] != n
+        if keep and not repeated and _identity(r).decode() in keep:
+            # The agent re-fetched it after a compaction: the loop breaker keeps it, within
+            # a protect window of its own (newest first), so pruning still frees something.
+            if kept_tokens + tokens <= settings.prune_protect_tokens:
+                kept_tokens += tokens
+                continue
         if not repeated:
             if protected_tokens + tokens <= settings.prune_protect_tokens:
                 protected_tokens += tokens

@@ -63,6 +63,9 @@ class CompactionRecord:
     pruned: list[str] = field(default_factory=list)  # what pruning cleared (placeholders)
     pinned: list[str] = field(default_factory=list)  # pins kept in place, and why
     unpinned: list[str] = field(default_factory=list)  # pins too large: handled as content
+    # The span's anchors by category and fate, and the dropped ones (anchors.AnchorReport).
+    anchors: dict[str, Any] = field(default_factory=dict)
+    request_len: int = 0  # messages in the request it was made for: what came later is new
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -73,6 +73,9 @@ class CompactionSettings:
     prune_protect_tokens: int = 4_000
     prune_clear_at_least: int = 4_000
     prune_exclude_tools: tuple[str, ...] = ()
+    # The loop breaker (#26): after a compaction, this many repeated tool calls whose results
+    # it cleared make the proxy keep those results out of pruning (0: never).
+    loop_breaker_repeats: int = 3
 
     @property
     def emergency_tokens(self) -> int:

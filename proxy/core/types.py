@@ -9,7 +9,7 @@ API exactly as before this module existed (an enum would not be a valid orjson k
 
 from __future__ import annotations
 
-from typing import Final, Literal, TypedDict
+from typing import Any, Final, Literal, NotRequired, TypedDict
 
 CaseName = Literal[
     "none", "prune", "truncate", "summarize", "emergency",
@@ -73,6 +73,8 @@ class CompactionEvent(_EventBase):
     prefix_hash: str
     facts_kept: int
     facts_dropped: int
+    # Anchors of the replaced span by category and fate (proxy.core.anchors); #26.
+    anchors: NotRequired[dict[str, dict[str, Any]]]
 
 
 class FailureEvent(_EventBase):
@@ -88,7 +90,26 @@ class DetectorFailedEvent(_EventBase):
     error: str
 
 
+class BehaviourEvent(_EventBase):
+    """#26: tool calls repeated after a compaction (new since the last such event)."""
+
+    case: Literal["behaviour"]
+    record: str
+    repeated_calls: int
+    rereads: int
+
+
+class LoopBreakerEvent(_EventBase):
+    """#26: the loop breaker backed off for the conversation."""
+
+    case: Literal["loop_breaker"]
+    action: str
+    reason: str
+
+
 Event = CompactionEvent | FailureEvent | DetectorFailedEvent
+# Stored in the same event list; readers of ``Event`` skip them (``operators.events``).
+QualityEvent = BehaviourEvent | LoopBreakerEvent
 
 
 def is_compaction(event: Event) -> bool:

@@ -31,6 +31,7 @@ from proxy.core.commands import (
     Flow,
     Persist,
     Read,
+    Remember,
 )
 from proxy.core.controls import Controls
 from proxy.core.errors import CompactionFailed, StoreError
@@ -151,6 +152,10 @@ class Compactor:
                 )
             case CompactNow():
                 return await self.compact(command.prepared, inline=True)
+            case Remember():
+                return await asyncio.to_thread(
+                    self.store.set, command.key, command.value, self.retention_s
+                )
         raise TypeError(f"unknown command {command!r}")
 
     async def _read(self, command: Read) -> dict[str, Any]:

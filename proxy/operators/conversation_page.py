@@ -14,6 +14,7 @@ from proxy.operators.charts import legend, request_chart
 from proxy.operators.formatting import fmt_int, fmt_pct
 from proxy.operators.html import badge, esc, fmt_ts, plural, render, tile
 from proxy.operators.overview_page import usd_note, usd_tile
+from proxy.operators.quality_page import anchors_html, behaviour_html
 
 MESSAGE_PREVIEW_CHARS = 1200
 VERBATIM_PREVIEW_CHARS = 160
@@ -98,7 +99,7 @@ def _compaction_item(i: int, c: dict[str, Any]) -> str:
         facts=facts(
             c["facts_kept"], c["facts_appended"], c["facts_dropped"], c.get("facts_elsewhere") or ()
         ),
-        agent=agent_lists(c),
+        agent=agent_lists(c) + anchors_html(c.get("anchors") or {}),
     )
 
 
@@ -265,7 +266,8 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
         tiles=tiles,
         legend=legend(),
         chart=request_chart(detail["requests"]),
-        timeline=timeline(detail["compactions"], detail["failures"]),
+        timeline=behaviour_html(detail.get("behaviour"), detail.get("loop"))
+        + timeline(detail["compactions"], detail["failures"]),
         requests=requests_table(detail["requests"]),
         histories=histories_html(hist),
     )

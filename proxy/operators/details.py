@@ -118,6 +118,8 @@ def _compaction(store: Store, tenant: str, conv: str, event: CompactionEvent) ->
         "pruned": list(record.pruned) if record else [],
         "pinned": list(record.pinned) if record else [],
         "unpinned": list(record.unpinned) if record else [],
+        # #26: anchors by category (artifact, recall, decision, continuation) and fate.
+        "anchors": dict(record.anchors) if record else {},
         "record_available": record is not None,
         "prefix_hash": prefix_hash or None,
     }
@@ -169,6 +171,9 @@ def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
         "requests": [{k: r.get(k) for k in _REQUEST_FIELDS} for r in requests],
         "compactions": compactions,
         "failures": failures,
+        # #26: the agent's behaviour after each compaction, and the loop breaker's decision.
+        "behaviour": store.get(conv_key("behave", tenant, conv)),
+        "loop": store.get(conv_key("loop", tenant, conv)),
     }
 
 

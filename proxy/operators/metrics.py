@@ -38,6 +38,7 @@ from proxy.core import billing
 from proxy.core.modelmap import model_info
 from proxy.core.types import COMPACTION_CASES, Case, Failure
 from proxy.operators.events import as_event
+from proxy.operators.quality_metrics import QualityMetrics
 
 log = logging.getLogger("compaction_proxy.metrics")
 
@@ -226,6 +227,7 @@ class Metrics:
             ["route", "case", "outcome"],
             registry=r,
         )
+        self.quality = QualityMetrics(r)  # #26: anchors, repeated work, loop breaker
         # Known label values start at zero, so every series exists before its first event.
         self.compactions.labels(Failure.FAILED)
         for case in sorted(COMPACTION_CASES):
@@ -342,6 +344,7 @@ class Metrics:
         metrics. A stored compaction counts by case with its duration and loss report; a
         failed summarizer counts as ``failed``; a failed detector only as a detector failure
         (the summarizer still ran). Anything else is ignored."""
+        self.quality.observe(event)
         parsed = as_event(event)
         if parsed is None:
             return

@@ -1,0 +1,152 @@
+"""The agent's behaviour after a compaction, and the loop breaker (#26). Pure.
+
+The proxy sees every request that follows a compaction. When the agent calls a tool again
+with the same arguments as a call whose result the compaction pruned or summarized away, it
+is redoing work it had done: that is the cost users feel ("it re-reads the same files after
+each compaction until the quota is gone"). Counted per compaction (the record in use):
+repeated calls, the file reads among them, and assistant turns per user instruction before
+and after it. Past ``loop_breaker_repeats`` repeats the loop breaker backs off for the
+conversation: the latest results of what the agent re-fetched are kept out of pruning
+(``keep``; it fires at most once per compaction, and each firing replaces the list), within
+``prune_protect_tokens`` of kept output, newest first. An unbounded keep list was tried: on
+the bench session (an agent that re-reads its 16 files all the time) pruning then freed
+almost nothing and the summary tier ran 66 times instead of 4, shedding facts. Pausing
+compaction was tried and dropped: a conversation that still grows then only meets the
+emergency cut, which loses more. The choice and its reason are stored and shown on the
+dashboard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.core import artifacts, prune
+from proxy.core.messages import Message, tool_results
+from proxy.core.records import CompactionRecord, entries
+
+LISTED = 10  # repeated calls named per compaction
+KEEP = "keep re-fetched results out of pruning"
+
+
+def identity(name: str, arguments: Any) -> str:
+    """A tool call's identity: its name and arguments, canonical (key order ignored)."""
+    return orjson.dumps([name, arguments], option=orjson.OPT_SORT_KEYS).decode()
+
+
+def _shown(name: str, arguments: Any) -> str:
+    return f"{name}({prune.key_arguments(arguments)})"
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What the agent did after one compaction (the record ``record``)."""
+
+    record: str  # the record's prefix hash
+    case: str
+    repeated_calls: int = 0
+    rereads: int = 0  # repeated calls that read a file
+    repeated: list[str] = field(default_factory=list)  # shown as name(key args)
+    identities: list[str] = field(default_factory=list)  # what a breaker would keep
+    turns_before: float = 0.0  # assistant turns per user instruction before the compaction
+    turns_after: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _turns(messages: Sequence[Message]) -> float:
+    """Assistant turns per user instruction (a user message that is not only tool results)."""
+    assistants = sum(1 for m in messages if m.get("role") == "assistant")
+    instructions = sum(
+        1
+        for m in messages
+        if m.get("role") == "user" and not (tool_results(m) and _only_results(m))
+    )
+    return round(assistants / instructions, 2) if instructions else float(assistants)
+
+
+def _only_results(message: Message) -> bool:
+    content = message.get("content")
+    return isinstance(content, list) and all(
+        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
+    )
+
+
+def observe(messages: Sequence[Message], record: CompactionRecord) -> Behaviour:
+    """The agent's behaviour in ``messages`` (the client's whole history) since ``record``
+    took effect: calls that repeat one whose result the record no longer forwards."""
+    in_place = {e for e in entries(record) if isinstance(e, int)}
+    since = record.request_len or record.k
+    cleared: set[str] = set()
+    for r in prune.tool_results(messages[: record.k]):
+        if r.position not in in_place:
+            cleared.add(identity(r.name, r.arguments))
+    repeated: list[str] = []
+    identities: list[str] = []
+    rereads = 0
+    for r in prune.tool_results(messages):
+        if r.position < since:
+            continue
+        key = identity(r.name, r.arguments)
+        if key not in cleared:
+            continue
+        repeated.append(_shown(r.name, r.arguments))
+        identities.append(key)
+        if any(a == artifacts.READ for a, _ in artifacts.call_files(r.name, r.arguments)):
+            rereads += 1
+    return Behaviour(
+        record.prefix_hash,
+        record.case,
+        len(repeated),
+        rereads,
+        list(dict.fromkeys(repeated))[:LISTED],
+        list(dict.fromkeys(identities)),
+        _turns(messages[:since]),
+        _turns(messages[since:]),
+    )
+
+
+@dataclass(frozen=True)
+class LoopBreak:
+    """The loop breaker's decision for a conversation (stored under its ``loop:`` key)."""
+
+    action: str  # KEEP
+    reason: str
+    record: str  # the compaction after which the agent repeated work
+    keep: list[str]  # identities kept out of pruning
+    fired: int  # times it fired in this conversation
+    ts: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: Any) -> LoopBreak | None:
+        if not isinstance(raw, dict):
+            return None
+        try:
+            return cls(**{k: raw[k] for k in cls.__dataclass_fields__})
+        except (KeyError, TypeError):
+            return None
+
+
+def breaker(
+    seen: Behaviour, previous: LoopBreak | None, threshold: int, now: float
+) -> LoopBreak | None:
+    """A new decision when the agent repeated ``threshold`` calls or more after this
+    compaction and the breaker has not fired for it yet; else None."""
+    if threshold <= 0 or seen.repeated_calls < threshold:
+        return None
+    if previous is not None and previous.record == seen.record:
+        return None
+    fired = previous.fired + 1 if previous else 1
+    what = ", ".join(seen.repeated[:3])
+    reason = (
+        f"after the {seen.case} compaction {seen.record[:8]} the agent repeated "
+        f"{seen.repeated_calls} tool calls whose results it had cleared ({what})"
+    )
+    return LoopBreak(KEEP, reason, seen.record, seen.identities[-50:], fired, now)

@@ -1,0 +1,177 @@
+"""#26 acceptance through a real proxy process: a scripted agent (the official openai client,
+the strict scripted upstream) reads seven files, pruning clears the oldest results, and the
+agent then reads the first file again three times. The behaviour is counted, the loop breaker
+fires, the next pruning keeps that file's latest result (a control run with the breaker off
+clears it), and the dashboard and /metrics say why.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from tests.proxyproc import ProxyProcess
+from tests.upstream import ScriptedUpstream, filler_sentence
+
+MODEL = "gpt-4o-mini"
+TOKEN = "admin-secret-for-loops"
+REREAD = "src/f1.py"
+# The agent's tool calls, in order: seven reads, the first file three more times, then three
+# six new files (whose results push the history past the trigger twice more).
+SCHEDULE = (
+    [f"src/f{i}.py" for i in range(1, 8)] + [REREAD] * 3 + [f"src/g{i}.py" for i in range(1, 7)]
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the repository.",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    }
+]
+
+
+def agent(request: dict[str, Any]) -> dict[str, Any]:
+    """The scripted model: the next read of ``SCHEDULE``, then a final answer."""
+    n = sum(1 for m in request["messages"] if m.get("role") == "tool")
+    if n >= len(SCHEDULE):
+        return {"role": "assistant", "content": "Done."}
+    call = {
+        "id": f"call_{n:04d}",
+        "type": "function",
+        "function": {"name": "read_file", "arguments": json.dumps({"path": SCHEDULE[n]})},
+    }
+    return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def contents(path: str, n: int) -> str:
+    """~400 tokens of a file; the n-th read of it differs (a marker line)."""
+    lines = [f"# {path} (read {n})"] + [f"{i:03d} {filler_sentence(i + n, 10)}" for i in range(28)]
+    return "\n".join(lines)
+
+
+def run(tmp: Path, repeats: int) -> tuple[list[list[dict[str, Any]]], dict[str, Any], str, str]:
+    """Drive the agent; the forwarded bodies, the conversation's admin detail, its dashboard
+    page and /metrics."""
+    compaction = {
+        "trigger_tokens": 2500,
+        "prune_keep_tool_results": 1,
+        "prune_protect_tokens": 500,
+        "prune_clear_at_least": 300,
+        "loop_breaker_repeats": repeats,
+        # Inline: a compaction happens at the request that needs it, never later in the
+        # background, so each request sees the same records on every run.
+        "mode": "inline",
+    }
+    with ScriptedUpstream(reply=agent) as upstream:
+        with ProxyProcess(
+            tmp, upstream.base_url, compaction=compaction, admin={"token": TOKEN}
+        ) as px:
+            client = openai.OpenAI(base_url=px.base_url, api_key="sk-loop", max_retries=0)
+            messages: list[dict[str, Any]] = [
+                {"role": "system", "content": "You are a coding agent."},
+                {"role": "user", "content": "Find the rounding bug."},
+            ]
+            for n in range(len(SCHEDULE) + 1):
+                reply = client.chat.completions.create(model=MODEL, messages=messages, tools=TOOLS)
+                message = reply.choices[0].message
+                if not message.tool_calls:
+                    break
+                call = message.tool_calls[0]
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": None,
+                        "tool_calls": [
+                            {
+                                "id": call.id,
+                                "type": "function",
+                                "function": {
+                                    "name": "read_file",
+                                    "arguments": call.function.arguments,
+                                },
+                            }
+                        ],
+                    }
+                )
+                path = json.loads(call.function.arguments)["path"]
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": contents(path, n)}
+                )
+            forwarded = [r.json["messages"] for r in upstream.chat_requests() if r.purpose is None]
+            auth = {"authorization": f"Bearer {TOKEN}"}
+            listing = httpx.get(f"{px.root}/admin/api/conversations", headers=auth, timeout=10)
+            conv = listing.json()["items"][0]["id"]
+            detail = httpx.get(
+                f"{px.root}/admin/api/conversations/{conv}", headers=auth, timeout=10
+            )
+            page = httpx.get(f"{px.root}/dashboard/conversations/{conv}", headers=auth, timeout=10)
+            metrics = httpx.get(f"{px.root}/metrics", headers=auth, timeout=10).text
+    return forwarded, detail.json(), page.text, metrics
+
+
+def _summarized(body: list[dict[str, Any]]) -> bool:
+    return any(str(m.get("content") or "").startswith("[History Summary") for m in body)
+
+
+def _holds_latest_reread(body: list[dict[str, Any]]) -> bool:
+    last = SCHEDULE.index("src/g1.py") - 1  # the third re-read
+    return any(m.get("role") == "tool" and m.get("content") == contents(REREAD, last) for m in body)
+
+
+def test_rereads_of_a_pruned_file_fire_the_loop_breaker_and_keep_the_result(tmp_path: Path) -> None:
+    (tmp_path / "on").mkdir()
+    (tmp_path / "off").mkdir()
+    forwarded, detail, page, metrics = run(tmp_path / "on", repeats=3)
+    # The behaviour: three calls repeated read_file(path=src/f1.py), whose result was cleared.
+    figures = detail["behaviour"]
+    assert figures, detail.keys()
+    first = next(iter(figures.values()))
+    assert first["case"] == "prune"
+    assert first["repeated_calls"] == 3 and first["rereads"] == 3
+    assert first["repeated"] == [f"read_file(path={REREAD})"]
+    loop = detail["loop"]
+    assert loop["action"] == "keep re-fetched results out of pruning"
+    assert "repeated 3 tool calls" in loop["reason"] and REREAD in loop["reason"]
+    # The next pruning came after the breaker fired, and the last request still holds the
+    # third re-read's result (the control run below clears it).
+    prunings = [c for c in detail["compactions"] if c["case"] == "prune"]
+    assert len(prunings) >= 2
+    # Every request after it that no summary replaced holds that result: later prunings
+    # keep it (the control run below clears it).
+    after = [b for b in forwarded[SCHEDULE.index("src/g1.py") + 1 :] if not _summarized(b)]
+    assert len(after) >= 3 and all(_holds_latest_reread(body) for body in after)
+    # The dashboard says what happened and why; /metrics counts it.
+    assert "loop breaker: keep re-fetched results out of pruning" in page
+    assert f"read_file(path={REREAD})" in page
+    assert (
+        'compaction_proxy_loop_breaker_total{action="keep re-fetched results out of pruning"} 1.0'
+        in metrics
+    )
+    # /metrics counts every compaction's repeats: after the later summary the scripted agent
+    # (which picks its next read from the forwarded history) lost its place and re-read
+    # files too, and that is counted as well.
+    repeats = sum(f["repeated_calls"] for f in figures.values())
+    rereads = sum(f["rereads"] for f in figures.values())
+    assert repeats >= 3
+    counted = [line for line in metrics.splitlines() if line.startswith("compaction_proxy_agent")]
+    assert f"compaction_proxy_agent_repeated_tool_calls_total {repeats}.0" in counted, counted
+    assert f"compaction_proxy_agent_file_rereads_total {rereads}.0" in counted
+    assert 'compaction_proxy_anchors_total{category="recall",fate=' in metrics
+
+    control, control_detail, _, _ = run(tmp_path / "off", repeats=0)
+    assert control_detail["loop"] is None
+    assert len([c for c in control_detail["compactions"] if c["case"] == "prune"]) >= 2
+    assert len([c for c in control_detail["compactions"] if c["case"] == "prune"]) >= 3
+    assert not _summarized(control[-1])
+    assert not _holds_latest_reread(control[-1]), "without the breaker pruning clears it"
