@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from proxy.core.references import guard
+import re
+
 from proxy.core.lossreport import facts_text, note_keeps_all, report, split_summary
+from proxy.core.references import guard
 
 SPAN = (
     "USER: the refund ticket is PAY-48213 for order KB-7734-BLK, amount $1,200.50.\n"
@@ -60,7 +62,8 @@ def test_metrics_and_stats_count_facts_kept_and_dropped() -> None:
     assert 'compaction_proxy_facts_dropped_total{case="summarize"} 2.0' in body
     totals = {
         "requests": 1, "original_tokens": 10, "forwarded_tokens": 5, "saved_tokens": 5,
-        "saved_pct": 50.0, "saved_usd": 0.0, "cache_hit_rate": 0.0, "errors": 0,
-        "facts_kept": 7, "facts_dropped": 2,
+        "saved_pct": 50.0, "saved_usd": 0.0, "net_saved_usd": 0.0, "cache_hit_rate": 0.0,
+        "errors": 0, "facts_kept": 7, "facts_dropped": 2,
     }  # fmt: skip
-    assert "key facts kept / dropped  7 / 2" in render(totals, [], "diskcache://x")
+    # (the label column is as wide as the longest label)
+    assert re.search(r"key facts kept / dropped +7 / 2\n", render(totals, [], "diskcache://x"))
