@@ -9,9 +9,11 @@ logs, greps, the same file read again now and then) and a final answer. Every re
 client's whole history up to the next assistant message; 20 facts are planted in user turns
 and tool outputs (``FACTS``). The requests go through ``proxy.compactor.Compactor`` with the
 default settings (trigger 24,000, background mode: a compaction runs after the response and
-is used from the next request on), a diskcache store and a scripted detector/summarizer
-(``Summarizer``: pluggable; ``extractive`` keeps the lines naming a fact or a path,
-``digits`` keeps only transcript lines containing a digit or '/').
+is used from the next request on) but ``policy: tokens`` (this driver writes no ledger, which
+the default cost policy reads: section 9 replays this session with it), a diskcache store
+and a scripted detector/summarizer (``Summarizer``: pluggable; ``extractive`` keeps the
+lines naming a fact or a path, ``digits`` keeps only transcript lines containing a digit or
+'/').
 
 Measured per request: tokens sent by the client and forwarded upstream, and the cacheable
 part — the longest common prefix (whole messages) with the previous forwarded request, which
@@ -263,12 +265,14 @@ def run(
     writes: bool = False,
     keep_text: bool = False,
 ) -> dict[str, Any]:
-    """Drive the session with the default settings (or another ``trigger_tokens``); returns
+    """Drive the session with the default settings (or another ``trigger_tokens``) but the
+    tokens policy: this driver writes no ledger, which the cost policy (the default) reads;
+    ``bench.economics`` replays this session with the ledger and the default policy. Returns
     the figures (see ``markdown``); ``keep_text`` adds the session and the last forwarded
     request (``messages``, ``final_forwarded``)."""
-    settings = CompactionSettings()
+    settings = CompactionSettings(policy="tokens")
     if trigger is not None:
-        settings = CompactionSettings(trigger_tokens=trigger)
+        settings = CompactionSettings(trigger_tokens=trigger, policy="tokens")
     msgs = session(requests, scale=scale, writes=writes)
     result = asyncio.run(_run(msgs, requests, SUMMARIZERS[summarizer], summarizer, settings))
     if not keep_text:

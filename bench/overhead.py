@@ -56,8 +56,12 @@ MODEL = "gpt-4o-mini"
 PLAIN_KEY = "sk-bench-plain"  # tenants: the below-trigger and substitution histories ...
 SUBST_KEY = "sk-bench-subst"  # ... never share records
 LAST_USER = "Please go on with the next step and keep the diff small."
-# Seeding: a low trigger compacts every history inline on its first request.
-SEED_COMPACTION = {"trigger_tokens": 3000, "verbatim_window_tokens": 2000, "mode": "inline"}
+# Seeding: a low trigger compacts every history inline on its first request (on tokens alone:
+# at this trigger the money rules of #25 would rightly refuse, and a record is all we need).
+SEED_COMPACTION = {
+    "trigger_tokens": 3000, "verbatim_window_tokens": 2000, "mode": "inline",
+    "policy": "tokens", "compact_to_share": 1.0,
+}  # fmt: skip
 # Measuring: the default trigger (24,000 tokens); the same verbatim window as the seeding.
 MEASURE_COMPACTION = {"verbatim_window_tokens": 2000}
 HOOK = "hooks.litellm_compaction.compaction_hook"
