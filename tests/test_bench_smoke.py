@@ -138,7 +138,7 @@ def test_net_billed_dollars_priced_with_both_providers_rules(smoke: tuple[Path, 
     assert {row[2] for row in rows} == {"anthropic", "openai"}
     assert {row[3] for row in rows} == {"cost", "tokens"}
     aims = {row[0] for row in table_rows(section(report, "Aims"))}
-    assert any(a.startswith("net $ ≤ 1.0× unchanged (synthetic agent") for a in aims)
+    assert any(a.startswith("net $ ≤ 1.0× unchanged, every session (trigger") for a in aims)
 
 
 def test_smoke_refuses_to_write_into_docs() -> None:
