@@ -57,6 +57,9 @@ def test_real_model_conversation_through_the_proxy(llama: str, tmp_path: Path) -
             "mode": "inline",
             "emergency_factor": 3.0,
             "llm_timeout_s": 90,
+            # The mechanics with a real model: at this trigger no compaction could leave half
+            # of it (the verbatim window and the summary budget alone are more).
+            "compact_to_share": 1.0,
         },
     ) as px:
         client = openai.OpenAI(base_url=px.base_url, api_key="sk-local", max_retries=0)

@@ -190,9 +190,8 @@ class Service:
 
         The conversation is marked before the retry goes out (so no later request can use
         its records, however soon it comes): while marked, its records are not forwarded
-        and no new one is made; a defect of ours costs one retry, never the session.
-        ``finish`` settles it: when the client's body is refused too, the fault was the
-        request's own and the mark is taken back."""
+        and no new one is made; a defect of ours costs one retry, never the session
+        (``sent_as_sent`` takes the mark back when the client's body is refused too)."""
         p = call.prepared
         if p is None or call.refused is not None or not _retriable(p):
             return False
@@ -212,6 +211,19 @@ class Service:
         except StoreError as exc:  # the retry still goes; only the mark is lost
             log.warning("could not mark a refused conversation", extra={"error": str(exc)})
         return True
+
+    async def sent_as_sent(self, call: Call, status: int) -> None:
+        """The client's own body (``send_as_sent``) was answered ``status``: refused too, the
+        request itself was at fault, and the conversation's mark is taken back (before the
+        client has the answer, so that its next request is compacted as before)."""
+        p = call.refused
+        if p is None or status != 400:
+            return
+        key = conv_key("refused", p.tenant, p.conversation)
+        try:
+            await asyncio.to_thread(self.store.delete, key)
+        except StoreError as exc:
+            log.warning("could not take back a refused mark", extra={"error": str(exc)})
 
     def _mark_refused(self, refused: Prepared, route: str) -> None:
         """While this mark is there, the conversation's records are not forwarded (sync)."""
@@ -307,18 +319,16 @@ class Service:
         self, route: str, refused: Prepared, status: int, *, retried: bool = True
     ) -> None:
         """Log and count a refused compacted body. ``retried``: the client's own body was
-        sent next and answered ``status``; when that was refused too, the compaction was not
-        at fault and the conversation's mark is taken back. Not retried (the LiteLLM hook):
-        the mark is set here, and the next request passes as sent."""
+        sent next and answered ``status`` (refused too: the compaction was not at fault). Not
+        retried (the LiteLLM hook): the mark is set here, and the next request passes as
+        sent."""
         if not retried:
             outcome = "not retried"
             self.compactor.spawn_io(self._mark_refused, refused, route)
         elif status != 400:
             outcome = "healed"
         else:
-            outcome = "refused as sent too"
-            key = conv_key("refused", refused.tenant, refused.conversation)
-            self.compactor.spawn_io(self.store.delete, key)
+            outcome = "refused as sent too"  # (its mark was taken back: sent_as_sent)
         case = refused.record.case if refused.record else refused.case
         log.warning(
             "the upstream refused a compacted request",

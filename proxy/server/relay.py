@@ -142,7 +142,7 @@ async def forward_whole(
     timeout_s = service.config.upstream.timeout_s
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with mapped_errors(deadline_s=timeout_s):
-        upstream = await _or_fallback(forwarder, await forwarder.send(request), fallback)
+        upstream = await _or_fallback(service, call, forwarder, request, fallback)
         try:
             head, rest = await _read_up_to(upstream, WHOLE_BODY_BYTES)
         except BaseException:
@@ -175,17 +175,26 @@ async def forward_whole(
 
 
 async def _or_fallback(
-    forwarder: Forwarder, upstream: httpx.Response, fallback: Fallback | None
+    service: Service,
+    call: Call,
+    forwarder: Forwarder,
+    request: httpx.Request,
+    fallback: Fallback | None,
 ) -> httpx.Response:
-    """``upstream``, or the answer to ``fallback``'s request when the upstream refused (400)
-    what was sent and ``fallback`` gives one (the refused answer is discarded unread)."""
+    """The upstream's answer to ``request``, or to ``fallback``'s request when the upstream
+    refused (400) what was sent and ``fallback`` gives one (the refused answer is discarded
+    unread). The service hears how that second request was answered before the client does,
+    so the client's next request finds the conversation as it should be."""
+    upstream = await forwarder.send(request)
     if upstream.status_code != 400 or fallback is None:
         return upstream
     instead = await fallback()
     if instead is None:
         return upstream
     await upstream.aclose()
-    return await forwarder.send(instead)
+    upstream = await forwarder.send(instead)
+    await service.sent_as_sent(call, upstream.status_code)
+    return upstream
 
 
 async def _read_up_to(
@@ -249,7 +258,7 @@ async def forward_stream(
     """A streamed request: an error answer is relayed whole, a 200 event by event. A 400 is
     answered by ``fallback``'s request instead, when it gives one (once)."""
     async with mapped_errors():
-        upstream = await _or_fallback(forwarder, await forwarder.send(request), fallback)
+        upstream = await _or_fallback(service, call, forwarder, request, fallback)
     headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
     if upstream.status_code != 200:
         try:
