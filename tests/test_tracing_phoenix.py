@@ -323,7 +323,8 @@ def test_a_background_compaction_joins_the_trace_of_the_request_that_scheduled_i
 ) -> None:
     project = "background-" + secrets.token_hex(4)
     trace = secrets.token_hex(16)
-    background = {**COMPACTION, "mode": "background"}
+    # A trigger the chat crosses early enough for a later turn to use what was made.
+    background = {**COMPACTION, "mode": "background", "trigger_tokens": 3000}
     with ScriptedUpstream(summarizer=short_summary) as up:
         px = ProxyProcess(tmp_path, up.base_url, compaction=background)
         px.start(env=otel_env(phoenix, project))
@@ -343,10 +344,14 @@ def test_a_background_compaction_joins_the_trace_of_the_request_that_scheduled_i
     assert "summarize" in [h["x-compaction-case"] for h in headers]  # used once it was made
     compactions = [s for s in spans if s["name"] == "compaction" and s["events"]]
     assert compactions, [s["name"] for s in spans]
+    first = min(compactions, key=lambda s: s["start_time"])
     requests = {s["context"]["span_id"]: s for s in ours(spans)}
     for compaction in compactions:
         scheduled_by = requests[compaction["parent_id"]]  # a request span of this trace
         assert compaction["context"]["trace_id"] == trace
-        assert scheduled_by["attributes"]["compaction_proxy.case"] == "none"
+        # Scheduled after a request that went as sent, or under the record a first
+        # background compaction made (this chat crosses the trigger twice).
+        assert scheduled_by["attributes"]["compaction_proxy.case"] in ("none", "summarize")
         assert compaction["attributes"]["compaction_proxy.inline"] is False
         assert compaction["start_time"] >= scheduled_by["start_time"]
+    assert requests[first["parent_id"]]["attributes"]["compaction_proxy.case"] == "none"
