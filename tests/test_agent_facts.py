@@ -149,7 +149,9 @@ def test_the_bench_agent_session_forwards_facts_with_their_labels_and_the_files_
     figures = measure(run(300, "digits", writes=True, keep_text=True))
     print(figures)
     assert figures["facts_planted"] == 20
-    assert figures["compactions"] >= 3  # the facts went through several summaries
+    # At the defaults since #25 (a compaction leaves half the trigger) the session compacts
+    # once where it compacted four times before; the facts go through that summary.
+    assert figures["compactions"] >= 1
     assert figures["facts_with_label"] >= 19, figures["facts_without_label"]
     assert figures["framing_artefacts"] == []
     assert figures["written_paths"] >= 50
