@@ -14,7 +14,7 @@ from proxy.core.stability import breakpoints
 from proxy.core.tokens import TokenCounter
 from proxy.operators import ledger
 from proxy.server.sse import is_terminal
-from proxy.server.surfaces import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, join_summary
+from proxy.server.surfaces import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, alternating_turns
 
 SUMMARY = "[History Summary - 4 earlier messages]\n\nWe fixed the parser."
 MARK = {"type": "ephemeral"}
@@ -23,7 +23,7 @@ MARK = {"type": "ephemeral"}
 def test_the_summary_joins_the_first_kept_user_turn() -> None:
     kept = {"role": "user", "content": "next step"}
     reply = {"role": "assistant", "content": "ok"}
-    joined = join_summary([{"role": "user", "content": SUMMARY}, kept, reply])
+    joined = alternating_turns([{"role": "user", "content": SUMMARY}, kept, reply])
     assert joined == [
         {
             "role": "user",
@@ -35,15 +35,15 @@ def test_the_summary_joins_the_first_kept_user_turn() -> None:
     # the same bytes.
     marked = {"role": "user", "content": [{"type": "text", "text": SUMMARY, "cache_control": MARK}]}
     image = {"role": "user", "content": [{"type": "image", "source": {}}]}
-    once = join_summary([{"role": "system", "content": "s"}, marked, image])
+    once = alternating_turns([{"role": "system", "content": "s"}, marked, image])
     # A system message never leads (the Messages API wants a user turn first): it follows.
     assert once[0]["content"] == [marked["content"][0], image["content"][0]]
     assert once[1] == {"role": "system", "content": "s"}
-    again = join_summary([{"role": "system", "content": "s"}, marked, image])
+    again = alternating_turns([{"role": "system", "content": "s"}, marked, image])
     assert orjson.dumps(once) == orjson.dumps(again)
     # Nothing to join: no summary, or the client's own text.
     plain = [kept, reply]
-    assert join_summary(plain) == plain
+    assert alternating_turns(plain) == plain
 
 
 def test_messages_surface_round_trip_with_a_summary() -> None:

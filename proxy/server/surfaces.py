@@ -39,7 +39,7 @@ class Surface:
     # Cache breakpoints the client placed outside the view (Anthropic ``tools``): they count
     # towards the provider's limit of 4 before the proxy adds any of its own.
     outside_cache_marks: Callable[[dict[str, Any]], int] = lambda body: 0
-    # from_view makes the summary the first block of the next user turn (see join_summary).
+    # from_view joins the summary into the next user turn (see alternating_turns).
     summary_joins: bool = False
 
 
@@ -141,7 +141,7 @@ def _blocks_of(content: Any) -> list[Any]:
     return list(content) if isinstance(content, list) else []
 
 
-def join_summary(messages: View) -> View:
+def alternating_turns(messages: View) -> View:
     """The turns as the Messages API takes them: user turns side by side become one, and the
     first message is a user turn.
 
@@ -177,7 +177,7 @@ def _messages_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
     if body.get("system"):
         out["system"] = view[0]["content"]
         view = view[1:]
-    out["messages"] = join_summary(view)
+    out["messages"] = alternating_turns(view)
     return out
 
 
