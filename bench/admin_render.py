@@ -106,7 +106,9 @@ def _compaction(store: Store, i: int, now: float) -> None:
 
 async def fill(store: Store, n: int) -> None:
     """``n`` conversations through the BatchWriter, flushed every 600 requests."""
-    writer = BatchWriter(store, RETENTION_S, interval_s=3600)  # flushed here, not on a timer
+    writer = BatchWriter(
+        store, RETENTION_S, ledger.record_batch, interval_s=3600
+    )  # flushed here, not on a timer
     now = time.time()
     for i in range(n):
         for turn in range(1, 4):

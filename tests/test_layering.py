@@ -130,3 +130,69 @@ def test_no_file_is_over_400_lines() -> None:
         if (n := len(p.read_text().splitlines())) > 400
     }
     assert not long, long
+
+
+# The package's layers, lowest first (docs/architecture.md): a module imports only from its
+# own layer or the ones below, at module level or inside a function. The pure core; start-up
+# values (config, logs); I/O adapters; the operators' side (ledger, metrics, pages), which
+# reads the store; the engine that drives a request (it records through the operators); the
+# two front doors; the command line.
+LAYERS = (
+    ("proxy.core",),
+    ("proxy.config", "proxy.logs"),
+    ("proxy.adapters",),
+    ("proxy.operators",),
+    ("proxy.engine",),
+    ("proxy.server", "hooks"),
+    ("proxy.cli", "proxy.preflight"),
+)
+# Known upward imports, each with its reason; the list only shrinks.
+UPWARD_ALLOWED = {
+    # The OpenTelemetry backend builds the engine's span values (``Root``); it is loaded only
+    # when traces are on, from ``engine/tracing.py`` (#27 owns both; noted on #28).
+    ("proxy.adapters.otel", "proxy.engine.spans"),
+}
+
+
+def _layer(module: str) -> int:
+    for rank, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return rank
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Project modules ``path`` imports anywhere (functions too), except for type checking."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    typing_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for stmt in node.body
+        for n in ast.walk(stmt)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.split(".")[0] in ("proxy", "hooks") and m != "proxy"}
+
+
+def test_no_layer_imports_a_higher_one() -> None:
+    upward = []
+    for top in ("proxy", "hooks"):
+        for p in (ROOT / top).rglob("*.py"):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            if module == "proxy":
+                continue
+            for imported in _all_imports(p):
+                if _layer(imported) > _layer(module) and (module, imported) not in UPWARD_ALLOWED:
+                    upward.append(f"{module} -> {imported}")
+    assert not upward, sorted(upward)

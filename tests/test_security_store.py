@@ -48,7 +48,9 @@ def test_one_bad_entry_never_loses_the_others(tmp_path: Path) -> None:
     now = time.time()
 
     async def run() -> None:
-        writer = BatchWriter(store, retention_s=None, interval_s=60)
+        writer = BatchWriter(
+            store, retention_s=None, write_entries=ledger.record_batch, interval_s=60
+        )
         writer.record(_entry("a", now), good)
         writer.record(_entry("bad", now), bad)
         writer.record(_entry("b", now), good)
@@ -85,7 +87,9 @@ def test_a_queued_history_is_let_go_once_a_newer_one_is_queued(tmp_path: Path) -
     other = [{"role": "user", "content": "another conversation"}]
 
     async def run() -> None:
-        writer = BatchWriter(store, retention_s=None, interval_s=60)
+        writer = BatchWriter(
+            store, retention_s=None, write_entries=ledger.record_batch, interval_s=60
+        )
         older = History([first])
         gone = weakref.ref(older)
         writer.record(_entry("a", now), older)

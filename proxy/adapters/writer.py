@@ -11,30 +11,53 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from proxy.adapters.store import Store
 from proxy.core.errors import StoreError
-from proxy.operators import ledger
 
 log = logging.getLogger("compaction_proxy.writer")
+
+
+class Entry(Protocol):
+    """What the writer needs of a queued entry (``operators.ledger.RequestEntry``)."""
+
+    @property
+    def tenant(self) -> str: ...
+
+    @property
+    def conversation(self) -> str: ...
+
+
+History = list[dict[str, Any]] | None
+# Writes one batch of entries (``operators.ledger.record_batch``): handed in by the engine,
+# so this adapter does not import the operators' layer above it.
+WriteEntries = Callable[[Store, list[tuple[Any, History]], float | None], None]
 
 
 class BatchWriter:
     """Collects ledger entries and latest values; flushes them in the background."""
 
-    def __init__(self, store: Store, retention_s: float | None, interval_s: float = 0.2) -> None:
+    def __init__(
+        self,
+        store: Store,
+        retention_s: float | None,
+        write_entries: WriteEntries,
+        interval_s: float = 0.2,
+    ) -> None:
         self._store = store
         self._retention = retention_s
+        self._write_entries = write_entries
         self._interval = interval_s
-        self._entries: list[tuple[ledger.RequestEntry, list[dict[str, Any]] | None]] = []
+        self._entries: list[tuple[Entry, History]] = []
         # Per (tenant, conversation): where in ``_entries`` its queued history is.
         self._history_at: dict[tuple[str, str], int] = {}
         self._latest: dict[str, tuple[Any, float | None]] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
-    def record(self, entry: ledger.RequestEntry, original: list[dict[str, Any]] | None) -> None:
+    def record(self, entry: Entry, original: History) -> None:
         """Queue one request for the ledger (never blocks).
 
         Only the newest history of a conversation is stored (``ledger.record_batch``), so a
@@ -87,7 +110,7 @@ class BatchWriter:
 
     def _write(
         self,
-        entries: list[tuple[ledger.RequestEntry, list[dict[str, Any]] | None]],
+        entries: list[tuple[Entry, History]],
         latest: dict[str, tuple[Any, float | None]],
     ) -> None:
         for key, (value, ttl) in latest.items():
@@ -100,7 +123,7 @@ class BatchWriter:
         if entries:
             # record_batch writes each conversation on its own: an entry whose values cannot
             # be written costs only its own conversation's rows, never the batch's others.
-            ledger.record_batch(self._store, entries, self._retention)
+            self._write_entries(self._store, entries, self._retention)
 
     async def close(self) -> None:
         """Flush what is left; the background task ends once nothing is queued."""

@@ -96,7 +96,7 @@ class Compactor:
         # store).
         self._recent: dict[str, tuple[Any, float]] = {}
         # Ledger entries and the stability tracker are written in batches, off the hot path.
-        self.writer = BatchWriter(store, retention_s)
+        self.writer = BatchWriter(store, retention_s, ledger.record_batch)
 
     # ---- running flows -------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import logging
 import time
@@ -111,7 +112,7 @@ async def _serve(request: Request, surface: Surface, send: Send) -> None:
     )
     headers["content-type"] = "application/json"
     headers.update(call.trace_headers())  # traced: the upstream joins the request's trace
-    url = upstream_url(config.upstream.base_url, surface.path, "")
+    url = _chat_url(config.upstream.base_url, surface.path)
     upstream_request = forwarder.request("POST", url, payload, headers)
     call.forwarding()
     own = compaction_headers(prepared)
@@ -138,6 +139,14 @@ async def _serve(request: Request, surface: Surface, send: Send) -> None:
         # The client gets our 502/504: the ledger and metrics count it as any answer (#29).
         service.finish(call, None, exc.status)
         raise
+
+
+@functools.lru_cache(maxsize=16)
+def _chat_url(base_url: str, path: str) -> httpx.URL:
+    """A chat route's upstream URL (an immutable ``httpx.URL``): the same for every request
+    of a route, and building it (parse, dot-segment check, parse again) was ~4 % of the
+    worker's CPU under load (#28)."""
+    return upstream_url(base_url, path, "")
 
 
 def compaction_llm(config: Config, client: httpx.AsyncClient) -> HttpLLM:

@@ -1,0 +1,158 @@
+"""The proxy's CPU per request, two source trees side by side (#28).
+
+    python -m bench.cpu_ab --before /tmp/before [--after .] [--rounds 5] [--duration 2]
+        [--concurrency 8] [--json PATH]
+
+One fast upstream (``bench.upstream_fast``) and one ``compaction-proxy serve`` per tree (the
+tree first on ``PYTHONPATH``, one worker, a diskcache store, the default config), each fed
+by ``bench.loadgen --watch-pid`` with the same 2- and 50-message bodies (below the trigger,
+streaming and not), rounds interleaved in a rotating order. The figure is the server's CPU
+seconds over the measured window divided by the requests measured in it: CPU-microseconds
+per request, which depends little on who else shares the CPUs (req/s does). Medians over
+rounds; the load average is printed with the table. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.overhead import MEASURE_COMPACTION, FastUpstream, Profile, _wait_http, load
+from bench.servers import process_tree, request_body, settle
+from tests.proxyproc import cli_path, free_port
+
+KEY = "sk-bench-cpu"
+
+
+class Tree:
+    """``compaction-proxy serve`` running the code of one source tree."""
+
+    def __init__(self, name: str, root: Path, work: Path, upstream: str) -> None:
+        self.name, self.root = name, root
+        self.port = free_port()
+        self.tmp = work / name
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        config = {
+            "listen": {"host": "127.0.0.1", "port": self.port},
+            "upstream": {"base_url": upstream, "timeout_s": 30},
+            "store": {"url": f"diskcache://{self.tmp / 'store'}"},
+            "compaction": MEASURE_COMPACTION,
+        }
+        self.config_path = self.tmp / "proxy.yaml"
+        self.config_path.write_text(yaml.safe_dump(config))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Tree:
+        env = {**os.environ, "PYTHONPATH": str(self.root)}
+        env.pop("COMPACTION_PROXY_OVERRIDES", None)
+        log_path = self.tmp / "server.log"
+        command = [cli_path(), "serve", "--config", str(self.config_path)]
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root
+            )
+        _wait_http(f"http://127.0.0.1:{self.port}/healthz", self.proc, self.name, log_path, 120)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(15)
+
+
+def run(trees: dict[str, Path], rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="bench-cpu-ab-"))
+    upstream = FastUpstream(work / "upstream.log").start()
+    servers = [Tree(name, root, work, upstream.base_url) for name, root in trees.items()]
+    profile = Profile("cpu_ab", 50, (), (concurrency,), 0.5, duration, 1_000_000)
+    samples: dict[tuple[str, int, bool], list[dict[str, float]]] = {}
+    try:
+        for server in servers:
+            server.start()
+        bodies = {}
+        for history in (2, 50):
+            for stream in (False, True):
+                path = work / f"body-{history}-{stream}.json"
+                path.write_bytes(request_body(history, stream))
+                bodies[(history, stream)] = path
+        for r in range(rounds):
+            order = servers[r % len(servers) :] + servers[: r % len(servers)]
+            for (history, stream), path in bodies.items():
+                for server in order:
+                    assert server.proc is not None
+                    tree = process_tree(server.proc.pid)
+                    settle(server.proc.pid, 10)
+                    result = load(server.port, path, KEY, concurrency, profile, tuple(tree))
+                    used = sum(result["watched_cpu_s"].get(str(p)) or 0.0 for p in tree)
+                    n = result["rps"] * result["cpu_window_s"]
+                    cell = {
+                        "cpu_us": used / max(n, 1) * 1e6,
+                        "rps": result["rps"],
+                        "p50_ms": result["p50_ms"],
+                        "errors": result["errors"],
+                    }
+                    samples.setdefault((server.name, history, stream), []).append(cell)
+                    print(
+                        f"round {r} {server.name:8} {history:>3} msgs stream={stream!s:5} "
+                        f"{cell['cpu_us']:.0f} us/request {cell['rps']:.0f} req/s "
+                        f"errors={cell['errors']}",
+                        file=sys.stderr,
+                    )
+    finally:
+        for server in servers:
+            server.stop()
+        upstream.stop()
+    rows = []
+    for (name, history, stream), cells in samples.items():
+        rows.append({
+            "tree": name, "history": history, "stream": stream,
+            **{k: statistics.median(c[k] for c in cells) for k in ("cpu_us", "rps", "p50_ms")},
+            "errors": sum(c["errors"] for c in cells),
+        })  # fmt: skip
+    return {"rows": rows, "load_average": os.getloadavg(), "concurrency": concurrency}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    out = [
+        f"concurrency {results['concurrency']}; load average at the end "
+        + ", ".join(f"{x:.2f}" for x in results["load_average"]),
+        "",
+        "| tree | history (msgs) | stream | CPU us per request | req/s | p50 ms | errors |",
+        "|---|---:|---|---:|---:|---:|---:|",
+    ]
+    for r in sorted(results["rows"], key=lambda r: (r["history"], r["stream"], r["tree"])):
+        out.append(
+            f"| {r['tree']} | {r['history']} | {'yes' if r['stream'] else 'no'} | "
+            f"{r['cpu_us']:.0f} | {r['rps']:,.0f} | {r['p50_ms']:.2f} | {r['errors']} |"
+        )
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.cpu_ab", description=__doc__)
+    parser.add_argument("--before", type=Path, required=True, help="the old source tree")
+    parser.add_argument("--after", type=Path, default=Path.cwd(), help="the new source tree")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--duration", type=float, default=2.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+    results = run(trees, args.rounds, args.duration, args.concurrency)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
