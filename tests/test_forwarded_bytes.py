@@ -59,9 +59,7 @@ def _forwarded(tmp_path: Path, compaction: dict[str, Any]) -> list[str]:
 def test_the_forwarded_bytes_are_the_recorded_ones(tmp_path: Path, settings: str) -> None:
     got = _forwarded(tmp_path, SETTINGS[settings])
     assert len(got) > 200, "the replay sent too few requests to compare"
-    expected: dict[str, list[str]] = (
-        json.loads(EXPECTED.read_text()) if EXPECTED.exists() else {}
-    )
+    expected: dict[str, list[str]] = json.loads(EXPECTED.read_text()) if EXPECTED.exists() else {}
     if os.environ.get("UPDATE_FORWARDED"):
         expected[settings] = got
         EXPECTED.write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")

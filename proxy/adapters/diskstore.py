@@ -138,6 +138,33 @@ class DiskStore(WriteFailures):
     def get(self, key: str) -> Any:
         return load(self._guard(self._cache.get, key))
 
+    def get_many(self, keys: Sequence[str]) -> dict[str, Any]:
+        """Each of ``keys``' values (None when absent) in one SQL query: a request's lookup
+        reads ~8 keys, and each ``get`` is a query of its own (#28)."""
+        return self._guard(self._get_many, keys)
+
+    def _get_many(self, keys: Sequence[str]) -> dict[str, Any]:
+        # What ``Cache.get`` does on its fast path, which is this cache's (no statistics, an
+        # eviction policy that writes nothing on a read): one indexed SELECT per key, and
+        # the value decoded by diskcache's ``Disk.fetch`` (small values inline, big ones in
+        # files). Keys are ``str``, which diskcache stores as they are (``raw = 1``).
+        got: dict[str, Any] = dict.fromkeys(keys)
+        if not keys:
+            return got
+        cache = self._cache
+        marks = ",".join("?" * len(keys))
+        rows = cache._sql(
+            "SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key IN "
+            f"({marks}) AND (expire_time IS NULL OR expire_time > ?)",
+            (*keys, time.time()),
+        ).fetchall()
+        for key, mode, filename, value in rows:
+            try:
+                got[key] = load(cache._disk.fetch(mode, filename, value, False))
+            except OSError:  # its file was removed meanwhile: a miss, as for ``Cache.get``
+                pass
+        return got
+
     def set(self, key: str, value: Any, ttl: float | None = None) -> None:
         self._write(lambda: self._cache.set(key, dump(value), expire=ttl))
 

@@ -220,6 +220,12 @@ def read_many(store: Store, values: Sequence[str], lists: Sequence[str]) -> dict
     absent), by key; with Redis in one round trip."""
     if isinstance(store, RedisStore):
         return store.read_many(values, lists)
+    if isinstance(store, DiskStore):  # one query for all of them
+        got = store.get_many([*values, *lists])
+        for key in lists:
+            items = got[key]
+            got[key] = items if isinstance(items, list) else []
+        return got
     got = {key: store.get(key) for key in values}
     got.update({key: get_list(store, key) for key in lists})
     return got

@@ -22,7 +22,6 @@ import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -45,7 +44,7 @@ from proxy.server import probes
 from proxy.server.abort import AbortOnBrokenBody
 from proxy.server.errors import HANDLERS
 from proxy.server.front import ChatFront
-from proxy.server.incoming import describe, parse_and_validate, read_body
+from proxy.server.incoming import describe, header_map, parse_and_validate, receive_body
 from proxy.server.passthrough import passthrough
 from proxy.server.relay import forward_stream, forward_whole
 from proxy.server.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, Surface
@@ -65,16 +64,19 @@ class ChatRoute:
         self.surface = surface
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await _serve(Request(scope, receive), self.surface, send)
+        await _serve(scope, receive, self.surface, send)
 
 
-async def _serve(request: Request, surface: Surface, send: Send) -> None:
-    """Parse, validate, begin (identify, substitute, decide), forward, relay - any surface."""
-    service: Service = request.app.state.res
-    forwarder: Forwarder = request.app.state.forwarder
+async def _serve(scope: Scope, receive: Receive, surface: Surface, send: Send) -> None:
+    """Parse, validate, begin (identify, substitute, decide), forward, relay - any surface.
+    Straight on ASGI: the headers are read once (``header_map``), no ``Request`` is built."""
+    state = scope["app"].state
+    service: Service = state.res
+    forwarder: Forwarder = state.forwarder
     config = service.config
     started = time.perf_counter()
-    raw = await read_body(request, config.max_body_bytes)
+    head = header_map(scope)
+    raw = await receive_body(head, receive, config.max_body_bytes, config.limits.body_timeout_s)
     big = len(raw) >= OFFLOAD_BYTES
     if big:  # parsing and checking megabytes would stall every other request on the loop
         body = await asyncio.to_thread(parse_and_validate, raw, surface)
@@ -82,7 +84,7 @@ async def _serve(request: Request, surface: Surface, send: Send) -> None:
         body = parse_and_validate(raw, surface)
     counter = service.compactor.counter
     call = await service.begin(
-        surface.name, lambda: describe(request, surface, body, counter, big), started=started
+        surface.name, lambda: describe(head, surface, body, counter, big), started=started
     )
     prepared = call.prepared
     error = too_long(prepared, body["model"])
@@ -105,7 +107,7 @@ async def _serve(request: Request, surface: Surface, send: Send) -> None:
             drop_usage = True
     payload = raw if out is body else orjson.dumps(out)
     headers = request_headers(
-        request.scope["headers"],
+        scope["headers"],
         config.upstream.api_key,
         drop=frozenset({"accept-encoding"}),
         key_header="x-api-key" if surface is ANTHROPIC_MESSAGES else "authorization",
@@ -116,7 +118,6 @@ async def _serve(request: Request, surface: Surface, send: Send) -> None:
     upstream_request = forwarder.request("POST", url, payload, headers)
     call.forwarding()
     own = compaction_headers(prepared)
-    receive = request.receive
 
     async def client_body() -> httpx.Request | None:
         """The client's own body, when the upstream refused the one the compaction changed."""

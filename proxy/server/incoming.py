@@ -4,10 +4,12 @@ the service (``proxy.engine.service.Incoming``)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
 from starlette.requests import ClientDisconnect, Request
+from starlette.types import Receive, Scope
 
 from proxy.config import Limits
 from proxy.core.errors import BadRequest, BodyTimeout, PayloadTooLarge
@@ -18,37 +20,64 @@ from proxy.server.surfaces import Surface
 from proxy.server.validation import parse_json_object
 
 
-def credential_of(request: Request) -> str | None:
+def header_map(scope: Scope) -> dict[str, str]:
+    """The request's headers by lower-case name, the first of a repeated one (what
+    Starlette's ``Headers.get`` answers), read once from the ASGI scope: the chat routes
+    build no ``Request`` (#28)."""
+    out: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        key = name.decode("latin-1").lower()
+        if key not in out:
+            out[key] = value.decode("latin-1")
+    return out
+
+
+def credential_of(headers: Mapping[str, str]) -> str | None:
     """The client's API key as sent (Bearer token or x-api-key); only ever hashed or relayed."""
-    auth = request.headers.get("authorization")
+    auth = headers.get("authorization")
     if auth:
         return auth[7:].strip() if auth.lower().startswith("bearer ") else auth.strip()
-    return request.headers.get("x-api-key")
+    return headers.get("x-api-key")
 
 
 async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
-    """The body, refusing more than ``limit`` bytes without reading them all, and a body
-    not complete within ``timeout_s`` (None: the app's ``limits.body_timeout_s``): a client
-    that stops sending half-way never holds a connection and its memory for good."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+    """``receive_body`` for a Starlette request (None: the app's ``limits.body_timeout_s``)."""
     if timeout_s is None:
         timeout_s = _body_timeout(request)
+    return await receive_body(request.headers, request.receive, limit, timeout_s)
+
+
+async def receive_body(
+    headers: Mapping[str, str], receive: Receive, limit: int, timeout_s: float
+) -> bytes:
+    """The body, refusing more than ``limit`` bytes without reading them all, and a body
+    not complete within ``timeout_s``: a client that stops sending half-way never holds a
+    connection and its memory for good."""
+    declared = headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
     chunks = []
     size = 0
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnect()
+                if message["type"] != "http.request":
+                    continue
+                chunk = message.get("body", b"")
                 size += len(chunk)
                 if size > limit:
                     raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
                 chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
     except ClientDisconnect as exc:
         raise BadRequest("client disconnected while sending the body") from exc
     except TimeoutError as exc:
         raise BodyTimeout(f"the request body did not arrive within {timeout_s:g} s") from exc
-    return b"".join(chunks)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def _body_timeout(request: Request) -> float:
@@ -79,25 +108,29 @@ def reserve_tokens(body: dict[str, Any], counter: TokenCounter) -> int:
 
 
 def describe(
-    request: Request, surface: Surface, body: dict[str, Any], counter: TokenCounter, big: bool
+    headers: Mapping[str, str],
+    surface: Surface,
+    body: dict[str, Any],
+    counter: TokenCounter,
+    big: bool,
 ) -> Incoming:
     """The validated request as the service sees it (the surface's neutral view)."""
-    credential = credential_of(request)
-    tenant_name = request.headers.get("x-compaction-tenant")
+    credential = credential_of(headers)
+    tenant_name = headers.get("x-compaction-tenant")
     return Incoming(
         messages=surface.to_view(body),
         model=body["model"],
         tenant=tenant_id(credential, tenant_name),
         tenant_name=tenant_name,
         credential=credential,
-        compaction_header=request.headers.get("x-compaction"),
-        conversation_header=request.headers.get("x-conversation-id"),
+        compaction_header=headers.get("x-compaction"),
+        conversation_header=headers.get("x-conversation-id"),
         stateful=surface.stateful(body),
         summary_role=surface.summary_role,
         summary_joins=surface.summary_joins,
         outside_cache_marks=surface.outside_cache_marks(body),
         reserve_tokens=reserve_tokens(body, counter),
         offload=big,
-        traceparent=request.headers.get("traceparent"),
-        tracestate=request.headers.get("tracestate"),
+        traceparent=headers.get("traceparent"),
+        tracestate=headers.get("tracestate"),
     )
