@@ -68,7 +68,6 @@ from proxy.adapters.forward import (
     make_client,
     make_transport,
     request_headers,
-    upstream_url,
 )
 from proxy.adapters.store import DiskStore
 from proxy.config import parse_config
@@ -192,7 +191,7 @@ async def one(
         res.config.upstream.api_key,
         drop=frozenset({"accept-encoding"}),
     )
-    url = upstream_url(res.config.upstream.base_url, surface.path, "")
+    url = srv.chat_url(res.config.upstream.base_url, surface.path)
     compaction_headers(prepared)
     t8 = clock()
     upstream = await client.send(client.request("POST", url, payload, headers))

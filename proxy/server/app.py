@@ -114,7 +114,7 @@ async def _serve(scope: Scope, receive: Receive, surface: Surface, send: Send) -
     )
     headers["content-type"] = "application/json"
     headers.update(call.trace_headers())  # traced: the upstream joins the request's trace
-    url = _chat_url(config.upstream.base_url, surface.path)
+    url = chat_url(config.upstream.base_url, surface.path)
     upstream_request = forwarder.request("POST", url, payload, headers)
     call.forwarding()
     own = compaction_headers(prepared)
@@ -143,7 +143,7 @@ async def _serve(scope: Scope, receive: Receive, surface: Surface, send: Send) -
 
 
 @functools.lru_cache(maxsize=16)
-def _chat_url(base_url: str, path: str) -> httpx.URL:
+def chat_url(base_url: str, path: str) -> httpx.URL:
     """A chat route's upstream URL (an immutable ``httpx.URL``): the same for every request
     of a route, and building it (parse, dot-segment check, parse again) was ~4 % of the
     worker's CPU under load (#28)."""
