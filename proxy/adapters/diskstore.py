@@ -31,6 +31,11 @@ log = logging.getLogger("compaction_proxy.store")
 
 _ERRORS = (OSError, sqlite3.Error)
 _FILES = ("cache.db", "index.db")
+# Values up to this size are kept in the database rather than in a file of their own
+# (diskcache's default: from 32 KiB). The ledger rewrites a conversation's request list and
+# history on every flush; as files each write cost 0.5-0.7 ms of CPU and 4-6 ms of wall time
+# (a new file and directory, the old ones removed), inline 0.1 ms (#28, docs/benchmarks.md).
+INLINE_BYTES = 8 * 1024 * 1024
 Identity = tuple[tuple[int, int], ...]
 
 
@@ -62,7 +67,10 @@ class DiskStore(WriteFailures):
             path.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(path, 0o700)  # private to the user even if the folder already existed
             self._cache = diskcache.Cache(
-                str(path), size_limit=self._size_limit, eviction_policy="least-recently-stored"
+                str(path),
+                size_limit=self._size_limit,
+                eviction_policy="least-recently-stored",
+                disk_min_file_size=INLINE_BYTES,
             )
             self._sets = SortedSets(path / "index.db")
             for name in os.listdir(path):
