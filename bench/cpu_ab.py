@@ -1,7 +1,7 @@
 """The proxy's CPU per request, two source trees side by side (#28).
 
     python -m bench.cpu_ab --before /tmp/before [--after .] [--rounds 5] [--duration 2]
-        [--concurrency 8] [--json PATH]
+        [--concurrency 8] [--floor] [--json PATH]
 
 One fast upstream (``bench.upstream_fast``) and one ``compaction-proxy serve`` per tree (the
 tree first on ``PYTHONPATH``, one worker, a diskcache store, the default config), each fed
@@ -9,7 +9,9 @@ by ``bench.loadgen --watch-pid`` with the same 2- and 50-message bodies (below t
 streaming and not), rounds interleaved in a rotating order. The figure is the server's CPU
 seconds over the measured window divided by the requests measured in it: CPU-microseconds
 per request, which depends little on who else shares the CPUs (req/s does). Medians over
-rounds; the load average is printed with the table. Nothing is asserted.
+rounds; the load average is printed with the table. ``--floor`` adds ``bench.relay_floor``
+with ``--read-body`` (uvloop, httptools, every body parsed by orjson) in the same rounds.
+Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 import yaml
 
 from bench.overhead import MEASURE_COMPACTION, FastUpstream, Profile, _wait_http, load
-from bench.servers import process_tree, request_body, settle
+from bench.servers import FloorRelay, process_tree, request_body, settle
 from tests.proxyproc import cli_path, free_port
 
 KEY = "sk-bench-cpu"
@@ -69,10 +71,16 @@ class Tree:
             self.proc.wait(15)
 
 
-def run(trees: dict[str, Path], rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
+def run(
+    trees: dict[str, Path], rounds: int, duration: float, concurrency: int, floor: bool = False
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-ab-"))
     upstream = FastUpstream(work / "upstream.log").start()
-    servers = [Tree(name, root, work, upstream.base_url) for name, root in trees.items()]
+    servers: list[Tree | FloorRelay] = [
+        Tree(name, root, work, upstream.base_url) for name, root in trees.items()
+    ]
+    if floor:  # the least a Python proxy that parses every body does, beside them
+        servers.append(FloorRelay(work, upstream.port, read_body=True))
     profile = Profile("cpu_ab", 50, (), (concurrency,), 0.5, duration, 1_000_000)
     samples: dict[tuple[str, int, bool], list[dict[str, float]]] = {}
     try:
@@ -102,7 +110,7 @@ def run(trees: dict[str, Path], rounds: int, duration: float, concurrency: int) 
                     }
                     samples.setdefault((server.name, history, stream), []).append(cell)
                     print(
-                        f"round {r} {server.name:8} {history:>3} msgs stream={stream!s:5} "
+                        f"round {r} {server.name:30} {history:>3} msgs stream={stream!s:5} "
                         f"{cell['cpu_us']:.0f} us/request {cell['rps']:.0f} req/s "
                         f"errors={cell['errors']}",
                         file=sys.stderr,
@@ -144,10 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--floor", action="store_true", help="the floor relay + orjson too")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-    results = run(trees, args.rounds, args.duration, args.concurrency)
+    results = run(trees, args.rounds, args.duration, args.concurrency, args.floor)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     print(markdown(results))

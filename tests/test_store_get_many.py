@@ -36,3 +36,62 @@ def test_get_many_answers_as_get_does(tmp_path: Path) -> None:
         assert got["items"] == [{"k": 1}, {"k": 2}]
     finally:
         store.close()
+
+
+def test_extend_keeps_what_decoding_the_whole_list_would(tmp_path: Path) -> None:
+    """``DiskStore.extend`` appends to the stored bytes and cuts only the oldest items (#28):
+    after every step the list reads back as the model of it does, whatever the items hold
+    (strings with commas, brackets, quotes and escapes, non-ASCII text, nested values)."""
+    import random
+
+    rng = random.Random(28)
+    odd = ['a,b', "]", "[", '"q"', "\\", "é漢🙂", "{}", "x" * 300]
+
+    def item(n: int) -> object:
+        kind = n % 5
+        if kind == 0:
+            return {"n": n, "text": rng.choice(odd), "nested": [{"k": [n, None, True]}]}
+        if kind == 1:
+            return rng.choice(odd) + str(n)
+        if kind == 2:
+            return [n, {"a": rng.choice(odd)}]
+        if kind == 3:
+            return n * 1.5
+        return {"n": n, "deep": {"a": {"b": [rng.choice(odd)]}}}
+
+    store = DiskStore(tmp_path / "store")
+    try:
+        for max_items in (1, 3, 50):
+            key = f"list:{max_items}"
+            model: list[object] = []
+            for step in range(120):
+                batch = [item(step * 10 + i) for i in range(rng.choice((1, 1, 2, 5)))]
+                store.extend(key, batch, None, max_items)
+                model = (model + batch)[-max_items:]
+                assert get_list(store, key) == model, (max_items, step)
+        # Items that end past the first 64 KiB (looked for there first), one of them
+        # straddling it with a two-byte character.
+        model = []
+        for n in range(6):
+            big = [{"n": n, "text": ("é" if n % 2 else "x") * 40_000}]
+            store.extend("big", big, None, 2)
+            model = (model + big)[-2:]
+            assert get_list(store, "big") == model
+        # A list written whole by ``set`` (no count kept) is extended as before.
+        store.set("legacy", [1, 2, 3])
+        store.extend("legacy", [4], None, 3)
+        assert get_list(store, "legacy") == [2, 3, 4]
+        store.extend("legacy", [5, 6], None, 3)
+        assert get_list(store, "legacy") == [4, 5, 6]
+        # Not a list: replaced by the new items, as before.
+        store.set("scalar", {"a": 1})
+        store.extend("scalar", [7], None, 10)
+        assert get_list(store, "scalar") == [7]
+        # More items than the list keeps, at once.
+        store.extend("many", list(range(40)), None, 10)
+        store.extend("many", list(range(40, 70)), None, 10)
+        assert get_list(store, "many") == list(range(60, 70))
+        store.extend("many", [], None, 5)
+        assert get_list(store, "many") == list(range(65, 70))
+    finally:
+        store.close()
