@@ -9,7 +9,10 @@ by ``bench.loadgen --watch-pid`` with the same 2- and 50-message bodies (below t
 streaming and not), rounds interleaved in a rotating order. The figure is the server's CPU
 seconds over the measured window divided by the requests measured in it: CPU-microseconds
 per request, which depends little on who else shares the CPUs (req/s does). Medians over
-rounds; the load average is printed with the table. ``--floor`` adds ``bench.relay_floor``
+rounds; the load average is printed with the table. ``--conversations N`` sends N bodies
+that differ in their first message, in turn: N conversations, so the ledger's batched writer
+writes one row per conversation and flush as it does in real traffic (with one conversation
+a flush writes one row for ~80 requests). ``--floor`` adds ``bench.relay_floor``
 with ``--read-body`` (uvloop, httptools, every body parsed by orjson) in the same rounds.
 Nothing is asserted.
 """
@@ -26,9 +29,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import orjson
 import yaml
 
-from bench.overhead import MEASURE_COMPACTION, FastUpstream, Profile, _wait_http, load
+from bench.overhead import MEASURE_COMPACTION, ROOT, FastUpstream, Profile, _wait_http, load
 from bench.servers import FloorRelay, process_tree, request_body, settle
 from tests.proxyproc import cli_path, free_port
 
@@ -71,8 +75,49 @@ class Tree:
             self.proc.wait(15)
 
 
+def bodies_of(history: int, stream: bool, conversations: int, work: Path) -> list[Path]:
+    """``conversations`` request bodies of ``history`` messages that differ in their first
+    message only: as many conversations to the proxy (one: the benchmark's usual body)."""
+    paths = []
+    for n in range(conversations):
+        body = orjson.loads(request_body(history, stream))
+        if n:
+            first = body["messages"][0]
+            first["content"] = f"[conversation {n}] {first['content']}"
+        path = work / f"body-{history}-{stream}-{n}.json"
+        path.write_bytes(orjson.dumps(body))
+        paths.append(path)
+    return paths
+
+
+def load_many(
+    port: int, paths: list[Path], concurrency: int, profile: Profile, watch: tuple[int, ...]
+) -> dict[str, Any]:
+    """``bench.overhead.load`` with every body of ``paths`` (the load generator cycles them)."""
+    if len(paths) == 1:
+        return load(port, paths[0], KEY, concurrency, profile, watch)
+    command = [
+        sys.executable, "-m", "bench.loadgen", "--port", str(port),
+        "--header", f"authorization: Bearer {KEY}", "--concurrency", str(concurrency),
+        "--warmup", str(profile.warmup_s), "--duration", str(profile.duration_s),
+        "--max-requests", str(profile.max_requests), "--min-requests", str(concurrency * 3),
+    ]  # fmt: skip
+    command += [arg for path in paths for arg in ("--body-file", str(path))]
+    command += [arg for pid in watch for arg in ("--watch-pid", str(pid))]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"load generator failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
 def run(
-    trees: dict[str, Path], rounds: int, duration: float, concurrency: int, floor: bool = False
+    trees: dict[str, Path],
+    rounds: int,
+    duration: float,
+    concurrency: int,
+    floor: bool = False,
+    conversations: int = 1,
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-ab-"))
     upstream = FastUpstream(work / "upstream.log").start()
@@ -86,12 +131,11 @@ def run(
     try:
         for server in servers:
             server.start()
-        bodies = {}
-        for history in (2, 50):
-            for stream in (False, True):
-                path = work / f"body-{history}-{stream}.json"
-                path.write_bytes(request_body(history, stream))
-                bodies[(history, stream)] = path
+        bodies = {
+            (history, stream): bodies_of(history, stream, conversations, work)
+            for history in (2, 50)
+            for stream in (False, True)
+        }
         for r in range(rounds):
             order = servers[r % len(servers) :] + servers[: r % len(servers)]
             for (history, stream), path in bodies.items():
@@ -99,7 +143,7 @@ def run(
                     assert server.proc is not None
                     tree = process_tree(server.proc.pid)
                     settle(server.proc.pid, 10)
-                    result = load(server.port, path, KEY, concurrency, profile, tuple(tree))
+                    result = load_many(server.port, path, concurrency, profile, tuple(tree))
                     used = sum(result["watched_cpu_s"].get(str(p)) or 0.0 for p in tree)
                     n = result["rps"] * result["cpu_window_s"]
                     cell = {
@@ -126,13 +170,18 @@ def run(
             **{k: statistics.median(c[k] for c in cells) for k in ("cpu_us", "rps", "p50_ms")},
             "errors": sum(c["errors"] for c in cells),
         })  # fmt: skip
-    return {"rows": rows, "load_average": os.getloadavg(), "concurrency": concurrency}
+    return {
+        "rows": rows,
+        "load_average": os.getloadavg(),
+        "concurrency": concurrency,
+        "conversations": conversations,
+    }
 
 
 def markdown(results: dict[str, Any]) -> str:
     out = [
-        f"concurrency {results['concurrency']}; load average at the end "
-        + ", ".join(f"{x:.2f}" for x in results["load_average"]),
+        f"concurrency {results['concurrency']}, {results['conversations']} conversation(s); "
+        "load average at the end " + ", ".join(f"{x:.2f}" for x in results["load_average"]),
         "",
         "| tree | history (msgs) | stream | CPU us per request | req/s | p50 ms | errors |",
         "|---|---:|---|---:|---:|---:|---:|",
@@ -153,10 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=2.0)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--floor", action="store_true", help="the floor relay + orjson too")
+    parser.add_argument(
+        "--conversations",
+        type=int,
+        default=1,
+        help="bodies of as many conversations, sent in turn (the ledger writes one row each)",
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-    results = run(trees, args.rounds, args.duration, args.concurrency, args.floor)
+    results = run(
+        trees, args.rounds, args.duration, args.concurrency, args.floor, args.conversations
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     print(markdown(results))

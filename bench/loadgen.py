@@ -5,11 +5,12 @@
         [--warmup 1] [--duration 4] [--max-requests 5000] [--min-requests 1]
 
 ``--concurrency`` workers, each with its own keep-alive connection, send the same POST body
-back to back (a new request as soon as the previous response has been read to its last
-byte, streamed or not). Requests started during ``--warmup`` seconds are not measured;
-measuring stops after ``--duration`` seconds or ``--max-requests`` measured requests,
-whichever comes first, but never before ``--min-requests`` measured requests have started:
-on a busy machine a short window could otherwise measure nothing and report no figure.
+(with several ``--body-file``: each of them in turn) back to back (a new request as soon as
+the previous response has been read to its last byte, streamed or not). Requests started
+during ``--warmup`` seconds are not measured; measuring stops after ``--duration`` seconds
+or ``--max-requests`` measured requests, whichever comes first, but never before
+``--min-requests`` measured requests have started: on a busy machine a short window could
+otherwise measure nothing and report no figure.
 Prints one JSON object: request count, errors, status counts, latency percentiles (ms),
 requests per second, and CPU seconds over the measured window (from the end of the warm-up
 to the last response): the generator's own and, for each ``--watch-pid``, that process's
@@ -98,12 +99,16 @@ def build_request(host: str, port: int, path: str, headers: list[str], body: byt
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-async def worker(host: str, port: int, request: bytes, run: Run) -> None:
+async def worker(host: str, port: int, requests: list[bytes], first: int, run: Run) -> None:
+    """Send ``requests`` in turn from the ``first`` one on (one body: always the same)."""
     loop = asyncio.get_running_loop()
     clock = time.perf_counter
     conn: ResponseProtocol | None = None
+    turn = first
     try:
         while True:
+            request = requests[turn % len(requests)]
+            turn += 1
             t0 = clock()
             measured = t0 >= run.measure_from
             enough = run.started >= run.min_requests
@@ -181,8 +186,10 @@ def percentile(sorted_values: list[float], q: float) -> float:
 
 
 async def drive(args: argparse.Namespace) -> dict[str, object]:
-    body = Path(args.body_file).read_bytes()
-    request = build_request(args.host, args.port, args.path, args.header, body)
+    requests = [
+        build_request(args.host, args.port, args.path, args.header, Path(name).read_bytes())
+        for name in args.body_file
+    ]
     start = time.perf_counter()
     run = Run(
         measure_from=start + args.warmup,
@@ -194,7 +201,10 @@ async def drive(args: argparse.Namespace) -> dict[str, object]:
     loop = asyncio.get_running_loop()
     start_meter = loop.call_later(max(run.measure_from - time.perf_counter(), 0), meter.start)
     await asyncio.gather(
-        *(worker(args.host, args.port, request, run) for _ in range(args.concurrency))
+        *(
+            worker(args.host, args.port, requests, n * len(requests) // args.concurrency, run)
+            for n in range(args.concurrency)
+        )
     )
     start_meter.cancel()
     if not meter.marks:  # every request ended before the warm-up did
@@ -230,7 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--path", default="/v1/chat/completions")
-    parser.add_argument("--body-file", required=True, help="the JSON body to POST")
+    parser.add_argument(
+        "--body-file",
+        required=True,
+        action="append",
+        help="the JSON body to POST; given several times, each worker sends them in turn",
+    )
     parser.add_argument("--header", action="append", default=[], help="'name: value'")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds not measured")
