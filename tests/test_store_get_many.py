@@ -45,7 +45,7 @@ def test_extend_keeps_what_decoding_the_whole_list_would(tmp_path: Path) -> None
     import random
 
     rng = random.Random(28)
-    odd = ['a,b', "]", "[", '"q"', "\\", "é漢🙂", "{}", "x" * 300]
+    odd = ["a,b", "]", "[", '"q"', "\\", "é漢🙂", "{}", "x" * 300]
 
     def item(n: int) -> object:
         kind = n % 5
@@ -93,5 +93,34 @@ def test_extend_keeps_what_decoding_the_whole_list_would(tmp_path: Path) -> None
         assert get_list(store, "many") == list(range(60, 70))
         store.extend("many", [], None, 5)
         assert get_list(store, "many") == list(range(65, 70))
+    finally:
+        store.close()
+
+
+def test_a_batch_writes_all_or_nothing(tmp_path: Path) -> None:
+    """``DiskStore.batch`` (the ledger writer's flush, #28): its writes land together; one
+    that fails out of it takes the batch's other writes back with it."""
+    import pytest
+
+    from proxy.core.errors import StoreError
+
+    store = DiskStore(tmp_path / "store")
+    try:
+        with store.batch():
+            store.set("a", 1)
+            store.extend("l", [1, 2], None, 10)
+            store.update("u", lambda old: (old or 0) + 1)
+            with store.batch():  # nested: the same transaction
+                store.set("b", 2)
+        assert [store.get(k) for k in ("a", "b", "u")] == [1, 2, 1]
+        assert get_list(store, "l") == [1, 2]
+        with pytest.raises(StoreError), store.batch():
+            store.set("c", 3)
+            store.extend("l", [3], None, 10)
+            raise StoreError("the store went away")
+        assert store.get("c") is None
+        assert get_list(store, "l") == [1, 2]
+        store.set("after", 4)  # the store still writes
+        assert store.get("after") == 4
     finally:
         store.close()

@@ -10,6 +10,7 @@ first, so they see every request; other processes see them within ``interval_s``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -109,6 +110,16 @@ class BatchWriter:
                 log.exception("ledger write crashed")
 
     def _write(
+        self,
+        entries: list[tuple[Entry, History]],
+        latest: dict[str, tuple[Any, float | None]],
+    ) -> None:
+        # One transaction for the whole flush where the store offers it (diskcache).
+        batch = getattr(self._store, "batch", None)
+        with batch() if batch is not None else contextlib.nullcontext():
+            self._write_all(entries, latest)
+
+    def _write_all(
         self,
         entries: list[tuple[Entry, History]],
         latest: dict[str, tuple[Any, float | None]],
