@@ -146,11 +146,15 @@ class DiskStore(WriteFailures):
         200 conversations' rows cost 686-757 us of CPU each so, 548-552 us in one transaction
         (#28). The files are checked once, when the batch begins: a deletion during the batch
         is found by the next write after it. A ``StoreError`` that leaves the batch rolls
-        all of it back (the writer logs the batch as lost)."""
+        all of it back (the writer logs the batch as lost); files that cannot be opened when
+        it begins count as one failed write."""
         if getattr(self._batching, "on", False):
             yield
             return
-        self.reopen_if_replaced()
+        try:
+            self.reopen_if_replaced()
+        except StoreError as exc:  # the batch's writes cannot be made: counted as one
+            raise self._failed_write(exc) from exc
         self._batching.on = True
         try:
             with self._cache.transact():
