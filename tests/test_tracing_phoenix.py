@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -34,6 +35,7 @@ TURNS = 10
 # categories (never their text) the compaction event carries.
 COMPACTION = {**INLINE, "key_references_max_chars": 40}
 CLIENT_SPAN = "00f067aa0ba902b7"
+TOKEN = "admin-traces"
 
 
 def short_summary(request: dict[str, Any]) -> str:
@@ -199,6 +201,32 @@ def check_spans(
     assert all(s["parent_id"] == compaction["context"]["span_id"] for s in calls)
 
 
+def check_net(spans: list[dict[str, Any]], px: ProxyProcess) -> None:
+    """Each request span's net dollars are the ledger's for that request (the admin API's
+    conversation page), and with the compaction's detector/summarizer spend they add up to
+    the conversation's net."""
+    requests = ours(spans)
+    last = requests[-1]["attributes"]  # (the first request's row joined the session's)
+    name = f"{last['compaction_proxy.tenant']}:{last['gen_ai.conversation.id']}"
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    url = f"{px.root}/admin/api/conversations/{name}"
+    detail = httpx.get(url, headers=auth, timeout=10).json()
+    assert "requests" in detail, detail
+    recorded = [r["net_usd"] for r in detail["requests"]]
+    assert len(recorded) == TURNS and all(isinstance(n, float) for n in recorded), recorded
+    on_spans = [s["attributes"]["compaction_proxy.usd.net"] for s in requests]
+    assert on_spans == recorded
+    assert any(n > 0 for n in on_spans), on_spans
+    llm = sum(
+        e["attributes"]["compaction_proxy.llm.usd"]
+        for s in spans
+        if s["name"] == "compaction"
+        for e in s["events"]
+    )
+    assert detail["meta"]["llm_usd"] == pytest.approx(llm, abs=1e-8)
+    assert sum(on_spans) - llm == pytest.approx(detail["meta"]["net_saved_usd"], abs=1e-8)
+
+
 def assert_no_content(spans: list[dict[str, Any]], texts: list[str]) -> None:
     dumped = orjson.dumps(spans).decode()
     assert SYSTEM not in dumped
@@ -213,7 +241,7 @@ def test_the_proxy_exports_a_compacted_conversation_to_phoenix(
     trace = secrets.token_hex(16)
     project = "proxy-" + secrets.token_hex(4)
     with ScriptedUpstream(summarizer=short_summary) as up:
-        px = ProxyProcess(tmp_path, up.base_url, compaction=COMPACTION)
+        px = ProxyProcess(tmp_path, up.base_url, compaction=COMPACTION, admin={"token": TOKEN})
         px.start(env=otel_env(phoenix, project))
         client = openai.OpenAI(
             base_url=px.base_url,
@@ -224,6 +252,7 @@ def test_the_proxy_exports_a_compacted_conversation_to_phoenix(
         try:
             headers = converse(client)
             spans = spans_when(phoenix, project, all_arrived)
+            check_net(spans, px)
         finally:
             px.stop()
         check_spans(spans, headers, up, trace)

@@ -12,7 +12,8 @@ Spans of one request:
 - ``chat {model}`` (server): the request as the client sent it, with the GenAI attributes
   (operation, provider, request and response model, input/output and cache tokens,
   conversation id) and ours (``compaction_proxy.*``: case, tokens before and after, the
-  dollars saved and billed, the tenant's hash);
+  dollars billed, saved and net (the ledger's, once its writer priced the request), the
+  tenant's hash);
 - ``upstream`` (client): the forwarded call; its ``traceparent`` goes upstream, in the
   client's trace when the client sent one;
 - ``compaction`` (internal): a compaction run for this request, inline or in the background
