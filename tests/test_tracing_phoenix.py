@@ -36,6 +36,7 @@ TURNS = 10
 COMPACTION = {**INLINE, "key_references_max_chars": 40}
 CLIENT_SPAN = "00f067aa0ba902b7"
 TOKEN = "admin-traces"
+ANTHROPIC = "anthropic/claude-haiku-4-5"
 
 
 def short_summary(request: dict[str, Any]) -> str:
@@ -199,6 +200,9 @@ def check_spans(
         r.purpose for r in internal
     )
     assert all(s["parent_id"] == compaction["context"]["span_id"] for s in calls)
+    # Each call's request carried its span's context: a collector at the summarizer joins.
+    sent_context = sorted(r.headers.get("traceparent", "") for r in internal)
+    assert sent_context == sorted(f"00-{trace}-{s['context']['span_id']}-01" for s in calls)
 
 
 def check_net(spans: list[dict[str, Any]], px: ProxyProcess) -> None:
@@ -384,3 +388,37 @@ def test_a_background_compaction_joins_the_trace_of_the_request_that_scheduled_i
         assert compaction["attributes"]["compaction_proxy.inline"] is False
         assert compaction["start_time"] >= scheduled_by["start_time"]
     assert requests[first["parent_id"]]["attributes"]["compaction_proxy.case"] == "none"
+
+
+def test_a_summarizer_reached_through_litellm_gets_its_spans_traceparent(
+    phoenix: Phoenix, tmp_path: Path
+) -> None:
+    """Detector and summarizer on another provider (``anthropic/...``, called through
+    ``litellm.acompletion``): each of their requests, as the provider received it, carries the
+    traceparent of its own span, in the client's trace."""
+    project = "litellm-llm-" + secrets.token_hex(4)
+    trace = secrets.token_hex(16)
+    other = {**COMPACTION, "detection_model": ANTHROPIC, "summary_model": ANTHROPIC}
+    with ScriptedUpstream() as up:
+        root = up.base_url.removesuffix("/v1")
+        env = otel_env(phoenix, project, ANTHROPIC_API_BASE=root, ANTHROPIC_API_KEY="sk-ant-x")
+        px = ProxyProcess(tmp_path, up.base_url, compaction=other)
+        px.start(env=env)
+        try:
+            client = openai.OpenAI(
+                base_url=px.base_url,
+                api_key="sk-client",
+                max_retries=0,
+                default_headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
+            )
+            converse(client)
+            spans = spans_when(phoenix, project, all_arrived)
+        finally:
+            px.stop()
+        provider = [r for r in up.requests if r.path == "/v1/messages"]
+    calls = [s for s in spans if "compaction_proxy.purpose" in s["attributes"]]
+    assert len(calls) >= 2 and len(provider) == len(calls), (len(calls), len(provider))
+    assert {s["attributes"]["gen_ai.request.model"] for s in calls} == {ANTHROPIC}
+    assert sorted(r.headers.get("traceparent", "") for r in provider) == sorted(
+        f"00-{trace}-{s['context']['span_id']}-01" for s in calls
+    )

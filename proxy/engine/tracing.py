@@ -36,6 +36,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.adapters.llm import TRACE_HEADERS
 from proxy.config import TRACE_PROTOCOLS, Config, Tracing
 from proxy.core.messages import Message
 from proxy.engine.spans import (
@@ -214,6 +215,7 @@ class TracedLLM:
             return await self.inner.complete(
                 model, messages, max_tokens=max_tokens, purpose=purpose, credential=credential
             )
+        token = TRACE_HEADERS.set(_headers_of(span))  # the call's request carries its context
         try:
             reply = await self.inner.complete(
                 model, messages, max_tokens=max_tokens, purpose=purpose, credential=credential
@@ -223,6 +225,8 @@ class TracedLLM:
             safely(span.set, {"error.type": type(exc).__name__})
             safely(span.end)
             raise
+        finally:
+            TRACE_HEADERS.reset(token)
         attributes = {
             "gen_ai.response.model": reply.model,
             "gen_ai.usage.input_tokens": reply.prompt_tokens,
@@ -233,6 +237,14 @@ class TracedLLM:
         safely(span.set, attributes)
         safely(span.end)
         return reply
+
+
+def _headers_of(span: SpanHandle) -> dict[str, str] | None:
+    try:
+        return span.headers()
+    except Exception:
+        log.warning("could not format an LLM span's traceparent", exc_info=True)
+        return None
 
 
 @contextlib.contextmanager
