@@ -422,3 +422,61 @@ def test_a_summarizer_reached_through_litellm_gets_its_spans_traceparent(
     assert sorted(r.headers.get("traceparent", "") for r in provider) == sorted(
         f"00-{trace}-{s['context']['span_id']}-01" for s in calls
     )
+
+
+def test_relayed_routes_make_a_span_and_an_upstream_span_in_the_clients_trace(
+    phoenix: Phoenix, tmp_path: Path
+) -> None:
+    """``/v1/models``, embeddings and the root probe, relayed as sent: each has a request span
+    (the GenAI operation and model where the route names one) with an ``upstream`` span under
+    it, whose traceparent the upstream received in the client's trace."""
+    project = "relay-" + secrets.token_hex(4)
+    trace = secrets.token_hex(16)
+    context = {"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"}
+    with ScriptedUpstream() as up:
+        px = ProxyProcess(tmp_path, up.base_url)
+        px.start(env=otel_env(phoenix, project))
+        try:
+            client = openai.OpenAI(
+                base_url=px.base_url, api_key="sk-client", max_retries=0, default_headers=context
+            )
+            assert client.models.list().data
+            client.embeddings.create(model="text-embedding-3-small", input="refund ledger")
+            file = httpx.get(f"{px.base_url}/files/file-1", headers=context, timeout=10)
+            # The reachability probe, answered 503 by the upstream.
+            failing = {**context, "x-test-status": "503"}
+            probe = httpx.head(f"{px.root}/", headers=failing, timeout=10)
+            spans = spans_when(phoenix, project, lambda s: len(s) == 8)
+        finally:
+            px.stop()
+        relayed = {r.path: r for r in up.requests}
+    assert file.status_code == 200 and probe.status_code == 503
+    assert len(spans) == 8, [s["name"] for s in spans]
+    by_id = {s["context"]["span_id"]: s for s in spans}
+    requests = {s["name"]: s for s in spans if s["name"] != "upstream"}
+    assert set(requests) == {
+        "GET /v1/models",
+        "embeddings text-embedding-3-small",
+        "GET /v1/files/file-1",
+        "HEAD /",
+    }, sorted(requests)
+    for span in requests.values():
+        assert span["context"]["trace_id"] == trace and span["parent_id"] == CLIENT_SPAN
+        assert span["attributes"]["compaction_proxy.route"] == "passthrough"
+    embeddings = requests["embeddings text-embedding-3-small"]["attributes"]
+    assert embeddings["gen_ai.operation.name"] == "embeddings"
+    assert embeddings["gen_ai.request.model"] == "text-embedding-3-small"
+    assert embeddings["gen_ai.provider.name"] == "openai"
+    assert "refund ledger" not in orjson.dumps(spans).decode()
+    assert "gen_ai.operation.name" not in requests["GET /v1/models"]["attributes"]
+    failed = requests["HEAD /"]
+    assert failed["attributes"]["http.response.status_code"] == 503
+    assert failed["status_code"] == "ERROR"
+    assert requests["GET /v1/files/file-1"]["status_code"] != "ERROR"
+    for upstream in (s for s in spans if s["name"] == "upstream"):
+        parent = by_id[upstream["parent_id"]]
+        path = parent["attributes"]["url.path"]
+        sent = relayed[path].headers["traceparent"]
+        assert sent == f"00-{trace}-{upstream['context']['span_id']}-01"
+        status = upstream["attributes"]["http.response.status_code"]
+        assert status == parent["attributes"]["http.response.status_code"]

@@ -16,6 +16,8 @@ Spans of one request:
   tenant's hash);
 - ``upstream`` (client): the forwarded call; its ``traceparent`` goes upstream, in the
   client's trace when the client sent one;
+- a relayed request (``/v1/models``, embeddings, the probes: ``proxy.engine.relayspans``):
+  its own server span and an ``upstream`` one, likewise;
 - ``compaction`` (internal): a compaction run for this request, inline or in the background
   after it, with a ``gen_ai.conversation.compacted`` event naming the facts it dropped by id
   and category (never their text); under it one ``chat {model}`` span per detector or
@@ -39,6 +41,7 @@ from typing import Any
 from proxy.adapters.llm import TRACE_HEADERS
 from proxy.config import TRACE_PROTOCOLS, Config, Tracing
 from proxy.core.messages import Message
+from proxy.engine.relayspans import RelayTrace
 from proxy.engine.spans import (
     Backend,
     CompactionTrace,
@@ -148,6 +151,17 @@ class Tracer:
             return RequestTrace(self, root, route, model, tenant, started)
         except Exception:
             log.warning("could not start a request span", exc_info=True)
+            return None
+
+    def relay(
+        self, method: str, path: str, traceparent: str | None, tracestate: str | None
+    ) -> RelayTrace | None:
+        """The spans of a relayed request (``proxy.engine.relayspans``), arriving now."""
+        try:
+            root = self.backend.root(f"{method} {path}", traceparent, tracestate)
+            return RelayTrace(self.backend, root, method, path)
+        except Exception:
+            log.warning("could not start a relayed request's span", exc_info=True)
             return None
 
     def llm_span(self, model: str, purpose: str) -> SpanHandle | None:
