@@ -10,9 +10,9 @@ per detector/summarizer call; no message text anywhere; the same spans through b
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,95 +22,33 @@ import orjson
 import pytest
 
 from proxy.core import keyfacts
-from tests.checks import INLINE
 from tests.conversations import user_turns
 from tests.litellmproc import MODEL, LiteLLMProcess
 from tests.phoenix import Phoenix
 from tests.proxyproc import ProxyProcess
+from tests.tracedchat import (
+    CLIENT_SPAN,
+    COMPACTION,
+    SYSTEM,
+    TURNS,
+    all_arrived,
+    children,
+    converse,
+    otel_env,
+    ours,
+    short_summary,
+    spans_when,
+    traced_proxy,
+)
 from tests.upstream import ScriptedUpstream
 
-SYSTEM = "You are a careful coding assistant for the billing service."
-TURNS = 10
-# A short summary and a tight key-references line: the compaction drops facts, whose ids and
-# categories (never their text) the compaction event carries.
-COMPACTION = {**INLINE, "key_references_max_chars": 40}
-CLIENT_SPAN = "00f067aa0ba902b7"
 TOKEN = "admin-traces"
-ANTHROPIC = "anthropic/claude-haiku-4-5"
-
-
-def short_summary(request: dict[str, Any]) -> str:
-    return "The user and the assistant worked through the billing service refactor together."
 
 
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
     with Phoenix(tmp_path_factory.mktemp("phoenix")) as ph:
         yield ph
-
-
-def otel_env(phoenix: Phoenix, project: str, **more: str) -> dict[str, str]:
-    return {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": phoenix.url,
-        "OTEL_RESOURCE_ATTRIBUTES": f"openinference.project.name={project}",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: export soon after each request
-        **more,
-    }
-
-
-def converse(client: openai.OpenAI) -> list[dict[str, str]]:
-    """A plain chat past the inline trigger, every other turn streamed; each turn's
-    ``x-compaction-*`` response headers."""
-    texts = [t for t in user_turns(2 * TURNS) if "[[tool:" not in t][:TURNS]
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
-    seen = []
-    for i, text in enumerate(texts):
-        messages.append({"role": "user", "content": text})
-        if i % 2:
-            with client.chat.completions.with_streaming_response.create(
-                model=MODEL, messages=messages, stream=True
-            ) as raw:
-                headers = raw.headers
-                chunks = list(raw.parse())
-            reply = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        else:
-            raw_whole = client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages
-            )
-            headers = raw_whole.headers
-            reply = raw_whole.parse().choices[0].message.content or ""
-        seen.append({k: v for k, v in headers.items() if k.startswith("x-compaction")})
-        messages.append({"role": "assistant", "content": reply})
-    return seen
-
-
-def spans_when(
-    phoenix: Phoenix, project: str, ready: Callable[[list[dict[str, Any]]], bool]
-) -> list[dict[str, Any]]:
-    """Phoenix's spans of ``project`` once ``ready`` holds (export is batched, then stored)."""
-    deadline = time.monotonic() + 60
-    spans = phoenix.spans(project)
-    while not ready(spans) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        spans = phoenix.spans(project)
-    return spans
-
-
-def ours(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The request spans (LiteLLM may export its own spans too), in order."""
-    found = [s for s in spans if "compaction_proxy.route" in s["attributes"]]
-    return sorted(found, key=lambda s: s["start_time"])
-
-
-def children(spans: list[dict[str, Any]], parent: dict[str, Any]) -> list[dict[str, Any]]:
-    return [s for s in spans if s["parent_id"] == parent["context"]["span_id"]]
-
-
-def all_arrived(spans: list[dict[str, Any]]) -> bool:
-    requests = ours(spans)
-    llm = [s for s in spans if "compaction_proxy.purpose" in s["attributes"]]
-    ups = [s for s in spans if s["name"] == "upstream"]
-    return len(requests) == TURNS and len(ups) == TURNS and len(llm) >= 2
 
 
 def shape(spans: list[dict[str, Any]]) -> dict[str, Any]:
@@ -245,20 +183,12 @@ def test_the_proxy_exports_a_compacted_conversation_to_phoenix(
     trace = secrets.token_hex(16)
     project = "proxy-" + secrets.token_hex(4)
     with ScriptedUpstream(summarizer=short_summary) as up:
-        px = ProxyProcess(tmp_path, up.base_url, compaction=COMPACTION, admin={"token": TOKEN})
-        px.start(env=otel_env(phoenix, project))
-        client = openai.OpenAI(
-            base_url=px.base_url,
-            api_key="sk-client",
-            max_retries=0,
-            default_headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
-        )
-        try:
+        with traced_proxy(
+            tmp_path, up, phoenix, project, trace, compaction=COMPACTION, admin={"token": TOKEN}
+        ) as (px, client):
             headers = converse(client)
             spans = spans_when(phoenix, project, all_arrived)
             check_net(spans, px)
-        finally:
-            px.stop()
         check_spans(spans, headers, up, trace)
     texts = [t for t in user_turns(2 * TURNS) if "[[tool:" not in t][:TURNS]
     assert_no_content(spans, texts)
@@ -271,22 +201,17 @@ def test_both_front_doors_export_the_same_spans(phoenix: Phoenix, tmp_path: Path
         project = f"{door}-" + secrets.token_hex(4)
         work = tmp_path / door
         work.mkdir()
-        with ScriptedUpstream(summarizer=short_summary) as up:
+        with ScriptedUpstream(summarizer=short_summary) as up, contextlib.ExitStack() as stack:
+            client: openai.OpenAI
             if door == "server":
-                px = ProxyProcess(work, up.base_url, compaction=COMPACTION)
-                px.start(env=otel_env(phoenix, project))
-                client = openai.OpenAI(
-                    base_url=px.base_url,
-                    api_key="sk-client",
-                    max_retries=0,
-                    default_headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
-                )
-                stop = px.stop
+                proxy = traced_proxy(work, up, phoenix, project, trace, compaction=COMPACTION)
+                _, client = stack.enter_context(proxy)
             else:
                 proc = LiteLLMProcess(
                     work, up.base_url, COMPACTION, f"diskcache://{work / 'store'}", "env"
                 )
                 proc.env.update(otel_env(phoenix, project))
+                stack.callback(proc.stop)
                 proc.start()
                 client = proc.client(tenant="traced")
                 client = client.with_options(
@@ -295,13 +220,9 @@ def test_both_front_doors_export_the_same_spans(phoenix: Phoenix, tmp_path: Path
                         "traceparent": f"00-{trace}-{CLIENT_SPAN}-01",
                     }
                 )
-                stop = proc.stop
-            try:
-                headers = converse(client)
-                spans = spans_when(phoenix, project, all_arrived)
-                check_spans(spans, headers, up, trace)
-            finally:
-                stop()
+            headers = converse(client)
+            spans = spans_when(phoenix, project, all_arrived)
+            check_spans(spans, headers, up, trace)
         shapes.append(shape(spans))
     server, hook = shapes
     assert hook == server, "\n".join(differences(hook, server))
@@ -328,25 +249,20 @@ def test_grpc_and_content_when_the_operator_asks(phoenix: Phoenix, tmp_path: Pat
     """``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` reaches Phoenix's gRPC receiver, and with content
     capture turned on the forwarded messages are on the request span."""
     project = "grpc-" + secrets.token_hex(4)
-    env = otel_env(
-        phoenix,
-        project,
-        OTEL_EXPORTER_OTLP_ENDPOINT=phoenix.grpc_url,
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-        OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="true",
-    )
-    with ScriptedUpstream() as up:
-        px = ProxyProcess(tmp_path, up.base_url)
-        px.start(env=env)
-        try:
-            client = openai.OpenAI(base_url=px.base_url, api_key="sk-client", max_retries=0)
-            question = "Which ledger column holds the refund id?"
-            client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": question}]
-            )
-            spans = spans_when(phoenix, project, lambda s: len(ours(s)) == 1)
-        finally:
-            px.stop()
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": phoenix.grpc_url,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",
+    }
+    question = "Which ledger column holds the refund id?"
+    with (
+        ScriptedUpstream() as up,
+        traced_proxy(tmp_path, up, phoenix, project, None, env) as (_, client),
+    ):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}]
+        )
+        spans = spans_when(phoenix, project, lambda s: len(ours(s)) == 1)
     (span,) = ours(spans)
     assert question in span["attributes"]["gen_ai.input.messages"]
 
@@ -358,22 +274,14 @@ def test_a_background_compaction_joins_the_trace_of_the_request_that_scheduled_i
     trace = secrets.token_hex(16)
     # A trigger the chat crosses early enough for a later turn to use what was made.
     background = {**COMPACTION, "mode": "background", "trigger_tokens": 3000}
-    with ScriptedUpstream(summarizer=short_summary) as up:
-        px = ProxyProcess(tmp_path, up.base_url, compaction=background)
-        px.start(env=otel_env(phoenix, project))
-        try:
-            client = openai.OpenAI(
-                base_url=px.base_url,
-                api_key="sk-client",
-                max_retries=0,
-                default_headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
-            )
-            headers = converse(client)
-            spans = spans_when(
-                phoenix, project, lambda s: all_arrived(s) and any(x["events"] for x in s)
-            )
-        finally:
-            px.stop()
+    with (
+        ScriptedUpstream(summarizer=short_summary) as up,
+        traced_proxy(tmp_path, up, phoenix, project, trace, compaction=background) as (_, client),
+    ):
+        headers = converse(client)
+        spans = spans_when(
+            phoenix, project, lambda s: all_arrived(s) and any(x["events"] for x in s)
+        )
     assert "summarize" in [h["x-compaction-case"] for h in headers]  # used once it was made
     compactions = [s for s in spans if s["name"] == "compaction" and s["events"]]
     assert compactions, [s["name"] for s in spans]
@@ -388,95 +296,3 @@ def test_a_background_compaction_joins_the_trace_of_the_request_that_scheduled_i
         assert compaction["attributes"]["compaction_proxy.inline"] is False
         assert compaction["start_time"] >= scheduled_by["start_time"]
     assert requests[first["parent_id"]]["attributes"]["compaction_proxy.case"] == "none"
-
-
-def test_a_summarizer_reached_through_litellm_gets_its_spans_traceparent(
-    phoenix: Phoenix, tmp_path: Path
-) -> None:
-    """Detector and summarizer on another provider (``anthropic/...``, called through
-    ``litellm.acompletion``): each of their requests, as the provider received it, carries the
-    traceparent of its own span, in the client's trace."""
-    project = "litellm-llm-" + secrets.token_hex(4)
-    trace = secrets.token_hex(16)
-    other = {**COMPACTION, "detection_model": ANTHROPIC, "summary_model": ANTHROPIC}
-    with ScriptedUpstream() as up:
-        root = up.base_url.removesuffix("/v1")
-        env = otel_env(phoenix, project, ANTHROPIC_API_BASE=root, ANTHROPIC_API_KEY="sk-ant-x")
-        px = ProxyProcess(tmp_path, up.base_url, compaction=other)
-        px.start(env=env)
-        try:
-            client = openai.OpenAI(
-                base_url=px.base_url,
-                api_key="sk-client",
-                max_retries=0,
-                default_headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
-            )
-            converse(client)
-            spans = spans_when(phoenix, project, all_arrived)
-        finally:
-            px.stop()
-        provider = [r for r in up.requests if r.path == "/v1/messages"]
-    calls = [s for s in spans if "compaction_proxy.purpose" in s["attributes"]]
-    assert len(calls) >= 2 and len(provider) == len(calls), (len(calls), len(provider))
-    assert {s["attributes"]["gen_ai.request.model"] for s in calls} == {ANTHROPIC}
-    assert sorted(r.headers.get("traceparent", "") for r in provider) == sorted(
-        f"00-{trace}-{s['context']['span_id']}-01" for s in calls
-    )
-
-
-def test_relayed_routes_make_a_span_and_an_upstream_span_in_the_clients_trace(
-    phoenix: Phoenix, tmp_path: Path
-) -> None:
-    """``/v1/models``, embeddings and the root probe, relayed as sent: each has a request span
-    (the GenAI operation and model where the route names one) with an ``upstream`` span under
-    it, whose traceparent the upstream received in the client's trace."""
-    project = "relay-" + secrets.token_hex(4)
-    trace = secrets.token_hex(16)
-    context = {"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"}
-    with ScriptedUpstream() as up:
-        px = ProxyProcess(tmp_path, up.base_url)
-        px.start(env=otel_env(phoenix, project))
-        try:
-            client = openai.OpenAI(
-                base_url=px.base_url, api_key="sk-client", max_retries=0, default_headers=context
-            )
-            assert client.models.list().data
-            client.embeddings.create(model="text-embedding-3-small", input="refund ledger")
-            file = httpx.get(f"{px.base_url}/files/file-1", headers=context, timeout=10)
-            # The reachability probe, answered 503 by the upstream.
-            failing = {**context, "x-test-status": "503"}
-            probe = httpx.head(f"{px.root}/", headers=failing, timeout=10)
-            spans = spans_when(phoenix, project, lambda s: len(s) == 8)
-        finally:
-            px.stop()
-        relayed = {r.path: r for r in up.requests}
-    assert file.status_code == 200 and probe.status_code == 503
-    assert len(spans) == 8, [s["name"] for s in spans]
-    by_id = {s["context"]["span_id"]: s for s in spans}
-    requests = {s["name"]: s for s in spans if s["name"] != "upstream"}
-    assert set(requests) == {
-        "GET /v1/models",
-        "embeddings text-embedding-3-small",
-        "GET /v1/files/file-1",
-        "HEAD /",
-    }, sorted(requests)
-    for span in requests.values():
-        assert span["context"]["trace_id"] == trace and span["parent_id"] == CLIENT_SPAN
-        assert span["attributes"]["compaction_proxy.route"] == "passthrough"
-    embeddings = requests["embeddings text-embedding-3-small"]["attributes"]
-    assert embeddings["gen_ai.operation.name"] == "embeddings"
-    assert embeddings["gen_ai.request.model"] == "text-embedding-3-small"
-    assert embeddings["gen_ai.provider.name"] == "openai"
-    assert "refund ledger" not in orjson.dumps(spans).decode()
-    assert "gen_ai.operation.name" not in requests["GET /v1/models"]["attributes"]
-    failed = requests["HEAD /"]
-    assert failed["attributes"]["http.response.status_code"] == 503
-    assert failed["status_code"] == "ERROR"
-    assert requests["GET /v1/files/file-1"]["status_code"] != "ERROR"
-    for upstream in (s for s in spans if s["name"] == "upstream"):
-        parent = by_id[upstream["parent_id"]]
-        path = parent["attributes"]["url.path"]
-        sent = relayed[path].headers["traceparent"]
-        assert sent == f"00-{trace}-{upstream['context']['span_id']}-01"
-        status = upstream["attributes"]["http.response.status_code"]
-        assert status == parent["attributes"]["http.response.status_code"]
