@@ -35,7 +35,7 @@ class RelayTrace:
         "attributes", "name", "done",
     )  # fmt: skip
 
-    def __init__(self, backend: Backend, root: Root, method: str, path: str) -> None:
+    def __init__(self, backend: Backend, root: Root, method: str, path: str, tenant: str) -> None:
         self.backend, self.root, self.method, self.path = backend, root, method, path
         self.started_ns = time.time_ns()
         self.upstream_id: int | None = None
@@ -45,6 +45,7 @@ class RelayTrace:
             "http.request.method": method,
             "url.path": path,
             "compaction_proxy.route": "passthrough",
+            "compaction_proxy.tenant": tenant,  # the tenant's hash, as on a chat request's span
         }
         self.done = False
 

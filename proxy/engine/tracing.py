@@ -154,12 +154,17 @@ class Tracer:
             return None
 
     def relay(
-        self, method: str, path: str, traceparent: str | None, tracestate: str | None
+        self,
+        method: str,
+        path: str,
+        tenant: str,
+        traceparent: str | None,
+        tracestate: str | None,
     ) -> RelayTrace | None:
         """The spans of a relayed request (``proxy.engine.relayspans``), arriving now."""
         try:
             root = self.backend.root(f"{method} {path}", traceparent, tracestate)
-            return RelayTrace(self.backend, root, method, path)
+            return RelayTrace(self.backend, root, method, path, tenant)
         except Exception:
             log.warning("could not start a relayed request's span", exc_info=True)
             return None

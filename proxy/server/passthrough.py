@@ -19,11 +19,12 @@ from proxy.adapters.forward import (
     upstream_root,
     upstream_url,
 )
+from proxy.core.fingerprint import tenant_id
 from proxy.engine.relayspans import RelayTrace
 from proxy.engine.service import Service
 from proxy.operators import ledger
 from proxy.server.abort import BodyBroken
-from proxy.server.incoming import read_body
+from proxy.server.incoming import credential_of, read_body
 from proxy.server.relay import SERVER_SET
 
 log = logging.getLogger("compaction_proxy.server")
@@ -46,9 +47,11 @@ async def passthrough(request: Request) -> Response:
     if service.tracer is None:
         return await _relay(request, service, None)
     headers = request.headers
+    tenant = tenant_id(credential_of(request), headers.get("x-compaction-tenant"))
     trace = service.tracer.relay(
-        request.method, request.url.path, headers.get("traceparent"), headers.get("tracestate")
-    )
+        request.method, request.url.path, tenant, headers.get("traceparent"),
+        headers.get("tracestate"),
+    )  # fmt: skip
     try:
         return await _relay(request, service, trace)
     except BaseException as exc:  # answered by the error handlers (or the client left)
