@@ -39,11 +39,14 @@ def otel_env(phoenix: Phoenix, project: str, **more: str) -> dict[str, str]:
     }
 
 
-def converse(client: openai.OpenAI) -> list[dict[str, str]]:
+def converse(
+    client: openai.OpenAI, messages: list[dict[str, Any]] | None = None
+) -> list[dict[str, str]]:
     """A plain chat past the inline trigger, every other turn streamed; each turn's
-    ``x-compaction-*`` response headers."""
+    ``x-compaction-*`` response headers. ``messages``: an empty list the chat is kept in."""
     texts = [t for t in user_turns(2 * TURNS) if "[[tool:" not in t][:TURNS]
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
+    messages = [] if messages is None else messages
+    messages.append({"role": "system", "content": SYSTEM})
     seen = []
     for i, text in enumerate(texts):
         messages.append({"role": "user", "content": text})
