@@ -296,6 +296,13 @@ def budget(base_chars: int, span_text: str, factor: int = 4) -> int:
     return min(base_chars * factor, max(scaled, carried)) if base_chars > 0 else 0
 
 
+def carried_budget(base_chars: int, earlier: str, factor: int = 4) -> int:
+    """The line's budget when its size is fixed in advance (the emergency cut): ``base_chars``,
+    or what the earlier summary's ``earlier`` line carried, within ``factor`` times the base."""
+    carried = sum(len(m.group(1)) for m in _REFS_RE.finditer(earlier))
+    return min(base_chars * factor, max(base_chars, carried)) if base_chars > 0 else 0
+
+
 def guard(
     span_text: str, summary: str, max_chars: int, *, elsewhere: str = "", files_chars: int = 0
 ) -> tuple[str, FactReport]:
