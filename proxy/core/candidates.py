@@ -10,7 +10,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from proxy.core import anchors, layout, lossreport, pins, planner, prune, references
+from proxy.core import anchors, behaviour, layout, lossreport, pins, planner, prune, references
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
 from proxy.core.records import CompactionRecord
@@ -67,6 +67,12 @@ def pins_for(env: Env, p: Prepared, start: int, cut: int) -> pins.Pins:
     limit = env.settings.trigger_tokens * env.settings.pin_max_share
     if opener is not None and p.forwarded_counts[opener] <= limit:
         found = pins.with_pin(found, opener, "the instruction of the current turn")
+    # The loop breaker's kept results (#26), whole rounds, within their own protect window.
+    kept = behaviour.rounds(
+        fwd, p.forwarded_counts, p.keep_results, start, cut, env.settings.prune_protect_tokens
+    )
+    for i, why in kept.items():
+        found = pins.with_pin(found, i, why)
     return found
 
 
