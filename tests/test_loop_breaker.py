@@ -218,6 +218,14 @@ def test_rereads_of_a_pruned_file_fire_the_loop_breaker_and_keep_the_result(tmp_
             if told:
                 assert f"compaction_proxy_agent_instructions_total{labels} {told}.0" in counted
     assert any(f["counts_after"][0] for f in records[:-1])  # the "after" phase was counted
+    # ... and per conversation on its page: before its first compaction, after every one.
+    turns = sum(f["counts_after"][0] for f in records)
+    told = sum(f["counts_after"][1] for f in records)
+    first_turns, first_told = records[0]["counts_before"]
+    row = page[page.index('<tr class="conversation">') :].split("</tr>")[0]
+    assert f'<td class="num">{first_turns / first_told:.1f}</td>' in row, row
+    # (The scripted agent gets one instruction, at the start: "–" after, not a ratio.)
+    assert f'<td class="num">{f"{turns / told:.1f}" if told else "–"}</td>' in row, row
 
     control, control_detail, _, _ = run(tmp_path / "off", repeats=0)
     assert control_detail["loop"] is None

@@ -228,11 +228,12 @@ def emergency(env: Env, p: Prepared, limit: int, reason: str) -> Outcome:
     for i in range(len(counts)):
         stays = i < body and i != earlier_at or i in everything
         kept[i + 1] = kept[i] + (counts[i] if stays else 0)
-    # The earlier summary goes with the cut: its key references are carried on the note's
-    # line, so the line is never shorter than theirs (at 600 characters an emergency after
-    # 30 summaries shed 14 of 20 labelled facts), within the summary tiers' own bound.
-    earlier = str(work.forwarded[earlier_at].get("content", "")) if earlier_at is not None else ""
-    refs_chars = references.carried_budget(s.key_references_max_chars, earlier)
+    # The note's line gets the budget a summary of the longest span it could replace would
+    # (never below the key references that span carries: the earlier summary's, the
+    # placeholders'): at a fixed 600 characters an emergency after 30 summaries shed 14 of
+    # 20 labelled facts. Counted in advance, so the cut leaves room for it.
+    upper = lossreport.facts_text(work.forwarded[work.head_len :])
+    refs_chars = references.budget(s.key_references_max_chars, upper)
     cut = planner.emergency_cut(
         work.forwarded,
         counts,

@@ -32,7 +32,13 @@ _FRAMING = [
                r"context\."),
     re.compile(r"\(private reasoning, not shown\)"),
 ]  # fmt: skip
-_REFS_RE = re.compile(r"[Kk]ey references: ([^\n]*)")
+# A line's items; a pruning placeholder's line ends with the placeholder's own "]".
+_REFS_RE = re.compile(r"(?m)[Kk]ey references: ([^\n]*?)\]?$")
+# How a transcript names a message's author (``messages.render``): our framing, never a label.
+_RENDERED = re.compile(
+    r"^(?:(?:USER: )?TOOL RESULT \([^)]*\):"
+    r"|(?:USER|ASSISTANT|SYSTEM|DEVELOPER)(?: called tool)?:?)\s*"
+)
 _ROLE_RE = re.compile(r"(?m)^(USER|ASSISTANT|SYSTEM|DEVELOPER)\b|^(?:USER: )?(TOOL) RESULT \(")
 _GROUP_RE = re.compile(r"^(read|written|edited|created|deleted): ")
 _STOP = frozenset(
@@ -62,6 +68,7 @@ class Reference:
     score: float
     first: int
     action: str = ""  # a file's action (artifacts.READ...), grouped on the line
+    carried: bool = False  # an item of an earlier summary's line: carried whole, label and all
 
     @property
     def words(self) -> tuple[str, ...]:
@@ -114,6 +121,9 @@ def _clause(text: str, start: int, end: int) -> tuple[list[str], list[str]]:
 def label(text: str, fact: str, start: int) -> str:
     """The fact with the words of its clause that say what it is (``fact`` when none do)."""
     before, after = _clause(text, start, start + len(fact))
+    before = _RENDERED.sub("", " ".join(before)).split()
+    if before and before[-1].endswith("="):
+        before.pop()  # a placeholder's "read_file(path=a.py)": an argument name, not a label
     while before and before[0].lower().strip(",") in _STOP:
         before.pop(0)
     content = [w for w in before if w.lower() not in _STOP and not w.startswith(("{", "["))]
@@ -174,9 +184,8 @@ def _references(span_text: str, limit: int) -> tuple[Reference, ...]:
             item = fact if action else label(text, fact, f.first)
         if user and not action and not item.startswith(USER_MARK):
             item = USER_MARK + item
-        out.append(
-            Reference(fact, item, _tier(f.kind, fact, action, user), f.score, f.first, action)
-        )
+        tier = _tier(f.kind, fact, action, user)
+        out.append(Reference(fact, item, tier, f.score, f.first, action, carried is not None))
     out += _directives(text, marks, regions, {r.fact for r in out})
     # "req/min" inside "312 req/min": the longer fact carries it (and says what it is).
     facts = [r.fact for r in out]
@@ -231,7 +240,7 @@ def _directives(
             said = part[len(USER_MARK) :]
             if part.startswith(USER_MARK) and said not in known:
                 known.add(said)
-                out.append(Reference(said, part, 0, 9.0, start))
+                out.append(Reference(said, part, 0, 9.0, start, carried=True))
     return out
 
 
@@ -296,13 +305,6 @@ def budget(base_chars: int, span_text: str, factor: int = 4) -> int:
     return min(base_chars * factor, max(scaled, carried)) if base_chars > 0 else 0
 
 
-def carried_budget(base_chars: int, earlier: str, factor: int = 4) -> int:
-    """The line's budget when its size is fixed in advance (the emergency cut): ``base_chars``,
-    or what the earlier summary's ``earlier`` line carried, within ``factor`` times the base."""
-    carried = sum(len(m.group(1)) for m in _REFS_RE.finditer(earlier))
-    return min(base_chars * factor, max(base_chars, carried)) if base_chars > 0 else 0
-
-
 def guard(
     span_text: str, summary: str, max_chars: int, *, elsewhere: str = "", files_chars: int = 0
 ) -> tuple[str, FactReport]:
@@ -326,7 +328,10 @@ def guard(
     for ref in lost:
         if any(ref.fact in c.fact for c in chosen):
             continue  # already carried by a longer fact: costs nothing
-        cost = len(ref.fact) + 2
+        # A carried item goes whole: its label was paid for when it was first kept, and
+        # shedding it now (for a newer bare id) is how labels faded over successive summaries.
+        whole = ref.carried and not ref.action
+        cost = len(ref.item if whole else ref.fact) + 2
         if ref.action and ref.action not in groups:
             cost += len(ref.action) + 2
         if ref.action and files_used + cost <= files_chars:
@@ -338,6 +343,8 @@ def guard(
         chosen.append(ref)
         groups.add(ref.action)
     for n, ref in enumerate(chosen):
+        if ref.carried:
+            continue  # paid for whole above
         extra = 0 if ref.action else len(ref.item) - len(ref.fact)
         if extra > 0 and used + extra <= max_chars:
             used += extra
