@@ -326,8 +326,8 @@ def guard(
     used = files_used = 0
     groups: set[str] = set()
     for ref in lost:
-        if any(ref.fact in c.fact for c in chosen):
-            continue  # already carried by a longer fact: costs nothing
+        if any(ref.fact in c.fact or (c.carried and ref.fact in c.item) for c in chosen):
+            continue  # already carried by a longer fact or a carried item: costs nothing
         # A carried item goes whole: its label was paid for when it was first kept, and
         # shedding it now (for a newer bare id) is how labels faded over successive summaries.
         whole = ref.carried and not ref.action
