@@ -189,7 +189,9 @@ def _references(span_text: str, limit: int) -> tuple[Reference, ...]:
     out += _directives(text, marks, regions, {r.fact for r in out})
     # "req/min" inside "312 req/min": the longer fact carries it (and says what it is).
     facts = [r.fact for r in out]
-    out = [r for r in out if not any(r.fact != f and r.fact in f for f in facts)]
+    # A file the agent touched stays itself, though: "test_x.py" it wrote inside a longer
+    # "/testbed/test_x.py" of a traceback would fall to the test-id rank and be shed.
+    out = [r for r in out if r.action or not any(r.fact != f and r.fact in f for f in facts)]
     return tuple(sorted(out, key=lambda r: (r.tier, -r.score, r.first)))
 
 
