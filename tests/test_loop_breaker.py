@@ -83,7 +83,8 @@ def agent(request: dict[str, Any]) -> dict[str, Any]:
 def contents(path: str, n: int) -> str:
     """~400 tokens of a file (~700 of a test log); the n-th read of it differs (a marker)."""
     rows = 50 if tool(path) == "run_tests" else 28
-    lines = [f"# {path} (read {n})"] + [f"{i:03d} {filler_sentence(i + n, 10)}" for i in range(rows)]
+    body = [f"{i:03d} {filler_sentence(i + n, 10)}" for i in range(rows)]
+    lines = [f"# {path} (read {n})", *body]
     return "\n".join(lines)
 
 
@@ -190,8 +191,7 @@ def test_rereads_of_a_pruned_file_fire_the_loop_breaker_and_keep_the_result(tmp_
     assert f"read_file(path={REREAD})" in page and kept in page
     assert (
         'compaction_proxy_loop_breaker_total{action="keep re-fetched results out of pruning and '
-        'summaries"} 1.0'
-        in metrics
+        'summaries"} 1.0' in metrics
     )
     # /metrics counts every compaction's repeats.
     repeats = sum(f["repeated_calls"] for f in figures.values())
