@@ -323,17 +323,16 @@ def guard(
     there = [r.fact for r in refs if r.fact not in kept and r.fact in elsewhere]
     lost = [r for r in refs if r.fact not in kept and r.fact not in there]
     # First as many facts as fit bare, most needed first (never fewer than an unlabelled
-    # line would carry); then, in the same order, their labels while the budget lasts.
+    # line would carry); then their labels while the budget lasts: first the labels an
+    # earlier line carried (shedding those for newer ones is how labels faded over
+    # successive summaries), then the rest, each in rank order.
     chosen: list[Reference] = []
     used = files_used = 0
     groups: set[str] = set()
     for ref in lost:
-        if any(ref.fact in c.fact or (c.carried and ref.fact in c.item) for c in chosen):
-            continue  # already carried by a longer fact or a carried item: costs nothing
-        # A carried item goes whole: its label was paid for when it was first kept, and
-        # shedding it now (for a newer bare id) is how labels faded over successive summaries.
-        whole = ref.carried and not ref.action
-        cost = len(ref.item if whole else ref.fact) + 2
+        if any(ref.fact in c.fact for c in chosen):
+            continue  # already carried by a longer fact: costs nothing
+        cost = len(ref.fact) + 2
         if ref.action and ref.action not in groups:
             cost += len(ref.action) + 2
         if ref.action and files_used + cost <= files_chars:
@@ -344,14 +343,25 @@ def guard(
             continue
         chosen.append(ref)
         groups.add(ref.action)
-    for n, ref in enumerate(chosen):
-        if ref.carried:
-            continue  # paid for whole above
+    order = sorted(range(len(chosen)), key=lambda n: not chosen[n].carried)
+    bare = set()
+    for n in order:
+        ref = chosen[n]
         extra = 0 if ref.action else len(ref.item) - len(ref.fact)
         if extra > 0 and used + extra <= max_chars:
             used += extra
         elif not ref.action:
-            chosen[n] = Reference(ref.fact, ref.fact, ref.tier, ref.score, ref.first)
+            bare.add(n)
+    items: set[str] = set()
+    shown: list[Reference] = []
+    for n, ref in enumerate(chosen):
+        if n in bare:
+            ref = Reference(ref.fact, ref.fact, ref.tier, ref.score, ref.first)
+        if not ref.action and ref.item in items:
+            continue  # two facts of one carried item: shown once
+        items.add(ref.item)
+        shown.append(ref)
+    chosen = shown
     line = render(chosen)
     appended = [r.fact for r in lost if r.fact in line]
     if line:
