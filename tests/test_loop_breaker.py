@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 
@@ -66,8 +67,13 @@ def tool(path: str) -> str:
 def agent(request: dict[str, Any]) -> dict[str, Any]:
     """The scripted model: the call after the latest one it sees answered (its ids count
     them, whatever a compaction replaced before), then a final answer."""
-    done = [
-        int(str(m.get("tool_call_id"))[5:]) for m in request["messages"] if m.get("role") == "tool"
+    done = [_number(m.get("tool_call_id")) for m in request["messages"] if m.get("role") == "tool"]
+    done += [
+        _number(b.get("tool_use_id"))
+        for m in request["messages"]
+        if isinstance(m.get("content"), list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
     ]
     n = max(done) + 1 if done else 0
     if n >= len(SCHEDULE):
@@ -78,6 +84,11 @@ def agent(request: dict[str, Any]) -> dict[str, Any]:
         "function": {"name": tool(SCHEDULE[n]), "arguments": json.dumps({"path": SCHEDULE[n]})},
     }
     return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def _number(call_id: Any) -> int:
+    """call_0007 (chat) or toolu_0007 (the scripted upstream's Anthropic id for it) -> 7."""
+    return int(str(call_id).rsplit("_", 1)[1])
 
 
 def contents(path: str, n: int) -> str:
@@ -232,3 +243,93 @@ def test_rereads_of_a_pruned_file_fire_the_loop_breaker_and_keep_the_result(tmp_
     assert len([c for c in control_detail["compactions"] if c["case"] == "prune"]) >= 3
     assert any(c["case"] == "summarize" for c in control_detail["compactions"])
     assert not _holds_latest_reread(control[-1]), "without the breaker compaction clears it"
+
+
+def test_on_the_anthropic_route_a_kept_round_stays_whole_through_a_summary(tmp_path: Path) -> None:
+    # The same agent on /v1/messages (tool_use blocks, tool_result blocks in user turns): the
+    # kept round is pinned whole before the summary, and the strict upstream accepts every
+    # body (tool_use/tool_result pairing, alternation); every request after the third re-read
+    # still holds its result, the summarized ones too.
+    compaction = {
+        "trigger_tokens": 2500, "prune_keep_tool_results": 1, "prune_protect_tokens": 500,
+        # 2: with Claude's token counts a pruning falls between the re-reads (2 + 1 repeats
+        # after two prunings; the breaker counts per compaction).
+        "prune_clear_at_least": 300, "loop_breaker_repeats": 2,
+        "prune_exclude_tools": ["run_tests"], "mode": "inline",
+    }  # fmt: skip
+    tools = [
+        {
+            "name": t["function"]["name"],
+            "description": t["function"]["description"],
+            "input_schema": t["function"]["parameters"],
+        }
+        for t in TOOLS
+    ]
+    with ScriptedUpstream(reply=agent) as upstream:
+        with ProxyProcess(
+            tmp_path, upstream.base_url, compaction=compaction, admin={"token": TOKEN}
+        ) as px:
+            client = anthropic.Anthropic(base_url=px.root, api_key="sk-ant-loop", max_retries=0)
+            messages: list[dict[str, Any]] = [{"role": "user", "content": "Find the rounding bug."}]
+            for n in range(len(SCHEDULE) + 1):
+                reply = client.messages.create(
+                    model="claude-sonnet-4-5-20250929", max_tokens=256, messages=messages,
+                    system="You are a coding agent.", tools=tools,  # type: ignore[arg-type]
+                )  # fmt: skip
+                uses = [b for b in reply.content if b.type == "tool_use"]
+                if not uses:
+                    break
+                use = uses[0]
+                path = str(use.input["path"])  # type: ignore[index]
+                messages.append(
+                    {
+                        "role": "assistant",
+                        "content": [
+                            {"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}
+                        ],
+                    }
+                )
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": use.id,
+                                "content": contents(path, n),
+                            }
+                        ],
+                    }
+                )
+            bodies = [
+                r.json["messages"]
+                for r in upstream.requests
+                if r.path == "/v1/messages" and r.purpose is None
+            ]
+            auth = {"authorization": f"Bearer {TOKEN}"}
+            listing = httpx.get(f"{px.root}/admin/api/conversations", headers=auth, timeout=10)
+            conv = listing.json()["items"][0]["id"]
+            detail = httpx.get(
+                f"{px.root}/admin/api/conversations/{conv}", headers=auth, timeout=10
+            ).json()
+    assert detail["loop"]["action"] == "keep re-fetched results out of pruning and summaries"
+    assert len(bodies) == len(SCHEDULE) + 1  # every request answered: the upstream took them
+    latest = contents(REREAD, SCHEDULE.index("src/g1.py") - 1)
+
+    def holds(body: list[dict[str, Any]]) -> bool:
+        return any(
+            isinstance(b, dict) and b.get("type") == "tool_result" and b.get("content") == latest
+            for m in body
+            if isinstance(m.get("content"), list)
+            for b in m["content"]
+        )
+
+    def summarized(body: list[dict[str, Any]]) -> bool:
+        return "[History Summary" in json.dumps(body)
+
+    after = bodies[SCHEDULE.index("src/g1.py") + 1 :]
+    assert len(after) >= 8 and all(holds(body) for body in after)
+    assert sum(1 for body in after if summarized(body)) >= 2, [summarized(b) for b in after]
+    kept = f"kept by the loop breaker: read_file(path={REREAD})"
+    summaries = [c for c in detail["compactions"] if c["case"] == "summarize"]
+    assert summaries and all(any(kept in line for line in c["pinned"]) for c in summaries)

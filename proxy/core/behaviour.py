@@ -24,7 +24,7 @@ other result (their rounds' few bytes of calls stay where they are).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -193,7 +193,7 @@ def breaker(
 
 def rounds(
     messages: Sequence[Message],
-    counts: Sequence[int],
+    count_text: Callable[[str], int],
     keep: frozenset[str],
     start: int,
     cut: int,
@@ -201,8 +201,9 @@ def rounds(
 ) -> dict[int, str]:
     """The positions of ``[start, cut)`` a summary leaves in place for the loop breaker: the
     whole round (the message that made the call, and every result of its calls) of the
-    latest result of each kept call, newest first, within ``budget`` tokens; position ->
-    why. A round that begins before ``start`` or ends at or after ``cut`` is not split."""
+    latest result of each kept call, newest first, within ``budget`` tokens of kept output
+    (counted as pruning counts it: ``prune.plan``'s protect window); position -> why. A
+    round that begins before ``start`` or ends at or after ``cut`` is not split."""
     if not keep or budget <= 0:
         return {}
     results = prune.tool_results(messages[:cut])
@@ -225,7 +226,7 @@ def rounds(
         if not all(i in answers for i in ids):
             continue  # a call of the round unanswered before the cut: not a whole round
         where = {caller, *(answers[i] for i in ids)}
-        size = sum(counts[i] for i in where if i not in out)
+        size = count_text(r.text)
         if used + size > budget:
             continue
         used += size
