@@ -69,12 +69,7 @@ def pins_for(env: Env, p: Prepared, start: int, cut: int) -> pins.Pins:
         found = pins.with_pin(found, opener, "the instruction of the current turn")
     # The loop breaker's kept results (#26), whole rounds, within their own protect window.
     kept = behaviour.rounds(
-        fwd,
-        lambda text: env.counter.count_text(text, p.model),
-        p.keep_results,
-        start,
-        cut,
-        env.settings.prune_protect_tokens,
+        fwd, p.forwarded_counts, p.keep_results, start, cut, env.settings.prune_protect_tokens
     )
     for i, why in kept.items():
         found = pins.with_pin(found, i, why)
