@@ -171,23 +171,36 @@ class LoopBreak:
 
 
 def breaker(
-    seen: Behaviour, previous: LoopBreak | None, threshold: int, now: float
+    seen: Behaviour,
+    previous: LoopBreak | None,
+    threshold: int,
+    now: float,
+    earlier: Sequence[Any] = (),
 ) -> LoopBreak | None:
     """A new decision when the agent repeated ``threshold`` calls or more after this
-    compaction and the breaker has not fired for it yet; else None."""
-    if threshold <= 0 or seen.repeated_calls < threshold:
+    compaction and the breaker has not fired for it yet; else None. ``earlier``: the stored
+    figures (``Behaviour.to_json``) of the compactions before this one since the breaker
+    last fired: their repeats count too, so that a loop a pruning falls into the middle of
+    (2 re-reads after one, 1 after the next) still reaches the threshold."""
+    if threshold <= 0 or (previous is not None and previous.record == seen.record):
         return None
-    if previous is not None and previous.record == seen.record:
+    before = [f for f in earlier if isinstance(f, dict) and f.get("record") != seen.record]
+    calls = seen.repeated_calls + sum(int(f.get("repeated_calls") or 0) for f in before)
+    if seen.repeated_calls == 0 or calls < threshold:
         return None
     fired = previous.fired + 1 if previous else 1
-    what = ", ".join(seen.repeated[:3])
+    shown = [str(x) for f in before for x in f.get("repeated") or []] + seen.repeated
+    what = ", ".join(list(dict.fromkeys(reversed(shown)))[:3])
+    also = sum(1 for f in before if f.get("repeated_calls"))
+    since = f" and {also} before it" if also else ""
     reason = (
-        f"after the {seen.case} compaction {seen.record[:8]} the agent repeated "
-        f"{seen.repeated_calls} tool calls whose results it had cleared ({what})"
+        f"after the {seen.case} compaction {seen.record[:8]}{since} the agent repeated "
+        f"{calls} tool calls whose results it had cleared ({what})"
     )
     turns = seen.counts_before[0] + seen.counts_after[0]
     reason += f"; kept through later compactions for {HOLD_TURNS} turns"
-    keep = seen.identities[-50:]
+    ids = [str(x) for f in before for x in f.get("identities") or []] + seen.identities
+    keep = list(dict.fromkeys(reversed(ids)))[:50][::-1]
     return LoopBreak(KEEP, reason, seen.record, keep, fired, now, turns, turns + HOLD_TURNS)
 
 

@@ -52,7 +52,9 @@ def watch(
             if turns:
                 event["turns"] = turns
             yield Emit(t, conv, event)
-        decision = behaviour.breaker(seen, loop, env.settings.loop_breaker_repeats, time.time())
+        decision = behaviour.breaker(
+            seen, loop, env.settings.loop_breaker_repeats, time.time(), _since(figures, loop)
+        )
         if decision is None:
             return loop
         yield Remember(conv_key("loop", t, conv), decision.to_json())
@@ -90,3 +92,12 @@ def _turns(figures: dict[str, Any], seen: behaviour.Behaviour) -> list[TurnCount
         {"phase": "before", "case": seen.case, "turns": assistants, "instructions": instructions}
     )
     return out
+
+
+def _since(figures: dict[str, Any], loop: behaviour.LoopBreak | None) -> list[Any]:
+    """The stored figures of the compactions after the one the breaker last fired for (all
+    of them when it never fired), oldest first."""
+    records = list(figures)
+    if loop is not None and loop.record in figures:
+        records = records[records.index(loop.record) + 1 :]
+    return [figures[r] for r in records]
