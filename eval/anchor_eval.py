@@ -131,7 +131,11 @@ def score(found: list[anchors.Anchor], messages: Sequence[Message]) -> dict[str,
 
 def evaluate(name: str, msgs: list[Message], summarizer: str, trigger: int) -> dict[str, Any]:
     ends = [i for i, m in enumerate(msgs) if m["role"] == "assistant" and i > 0]
-    settings = CompactionSettings(trigger_tokens=trigger, verbatim_window_tokens=trigger // 3)
+    # policy: tokens, like bench.agent_session: this driver writes no ledger, which the cost
+    # policy (the default) reads to judge whether a compaction pays.
+    settings = CompactionSettings(
+        trigger_tokens=trigger, verbatim_window_tokens=trigger // 3, policy="tokens"
+    )
     ours, compactions = asyncio.run(_drive(msgs, ends, summarizer, settings))
     last = msgs[: ends[-1]]
     counter = TokenCounter()

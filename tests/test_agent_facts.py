@@ -156,3 +156,20 @@ def test_the_bench_agent_session_forwards_facts_with_their_labels_and_the_files_
     assert figures["framing_artefacts"] == []
     assert figures["written_paths"] >= 50
     assert figures["written_paths_forwarded"] >= 0.95 * figures["written_paths"]
+
+
+def test_labels_and_written_paths_survive_successive_summaries_at_a_12000_trigger() -> None:
+    # #26: at a 12,000-token trigger the same session compacts again and again (31 times when
+    # this was written, one of them an emergency cut of the summary before it); the key
+    # references of each record are carried into the next, labels and file trail included.
+    # Before the fix the emergency cut's fixed 600-character line kept 5/20 labelled facts
+    # and 42/70 written paths.
+    from bench.agent_session import run
+    from eval.agent_quality import measure
+
+    figures = measure(run(300, "digits", trigger=12_000, writes=True, keep_text=True))
+    print(figures)
+    assert figures["compactions"] >= 3  # summaries of summaries, whatever #25 makes of it
+    assert figures["facts_with_label"] >= 19, figures["facts_without_label"]
+    assert figures["framing_artefacts"] == []
+    assert figures["written_paths_forwarded"] >= 0.95 * figures["written_paths"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -65,6 +66,21 @@ def test_the_breaker_fires_at_the_threshold_once_per_compaction() -> None:
     assert behaviour.breaker(third, fired, 3, 3.0) is None  # the same compaction
     assert behaviour.breaker(third, None, 0, 3.0) is None  # off
     assert behaviour.LoopBreak.from_json(fired.to_json()) == fired
+
+
+def test_repeats_split_by_a_compaction_add_up_since_the_breaker_last_fired() -> None:
+    # A pruning fell between the re-reads: two after the earlier compaction, one after this.
+    later = [*HISTORY, *read(3, "src/a.py"), *read(4, "src/a.py")]
+    earlier = dataclasses.replace(behaviour.observe(later, PRUNED), record="e" * 32)
+    one = dataclasses.replace(earlier, record=PRUNED.prefix_hash, repeated_calls=1)
+    assert behaviour.breaker(one, None, 3, 1.0) is None  # alone: not yet
+    fired = behaviour.breaker(one, None, 3, 1.0, [earlier.to_json(), one.to_json()])
+    assert fired is not None and fired.record == PRUNED.prefix_hash
+    assert "and 1 before it the agent repeated 3 tool calls" in fired.reason, fired.reason
+    assert fired.keep == [behaviour.identity("read_file", {"path": "src/a.py"})]
+    # No repeat after this compaction: earlier ones alone do not fire it.
+    none = dataclasses.replace(one, repeated_calls=0)
+    assert behaviour.breaker(none, None, 3, 1.0, [earlier.to_json(), earlier.to_json()]) is None
 
 
 def test_pruning_keeps_what_the_breaker_keeps_within_its_own_window() -> None:

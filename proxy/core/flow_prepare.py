@@ -207,7 +207,7 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         # One pass over the history, like substitution: off the loop for a huge one.
         seen = (yield Compute(observe, args)) if settle_off else observe(*args)
         loop = yield from watch(env, p, seen, state.behave, state.loop)
-        if loop is not None and loop.keep:
+        if loop is not None and loop.holds(seen.counts_before[0] + seen.counts_after[0]):
             p = p.but(keep_results=frozenset(loop.keep))
     if s.enabled and s.prune and p.forwarded_tokens > s.trigger_tokens:
         # The cheapest tier first, inline: no LLM call, so no reason to wait for it.

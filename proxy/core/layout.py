@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from proxy.core.messages import SUMMARY_PREFIX, Message, tool_results
-from proxy.core.pins import Pins, without_tool_results
+from proxy.core.pins import ROUND_PIN, Pins, without_tool_results
 from proxy.core.records import Entry
 
 
@@ -115,7 +115,10 @@ def replaced(
     added: list[Message] = []
     for i in range(cut):
         if i < head_len or (i < body_start and i != old_summary) or (i >= body_start and i in pins):
-            if i >= body_start and tool_results(view.messages[i]):
+            # A pin's tool results go with their calls (summarized away); a round the loop
+            # breaker keeps is pinned whole, its results with it.
+            whole = pins.reasons.get(i, "").startswith(ROUND_PIN)
+            if i >= body_start and tool_results(view.messages[i]) and not whole:
                 stripped = without_tool_results(view.messages[i])
                 if stripped is not None:
                     entries.append(stripped)

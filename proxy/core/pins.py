@@ -34,6 +34,11 @@ CLIENT_MARKERS = (
 )
 
 
+# The reason of a pin the loop breaker (#26, ``behaviour.rounds``) placed: a whole tool round
+# kept with its results, never stripped of them.
+ROUND_PIN = "kept by the loop breaker"
+
+
 @dataclass(frozen=True)
 class Pins:
     """Pinned positions of a forwarded list, and the would-be pins that were too large."""

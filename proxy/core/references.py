@@ -32,7 +32,13 @@ _FRAMING = [
                r"context\."),
     re.compile(r"\(private reasoning, not shown\)"),
 ]  # fmt: skip
-_REFS_RE = re.compile(r"[Kk]ey references: ([^\n]*)")
+# A line's items; a pruning placeholder's line ends with the placeholder's own "]".
+_REFS_RE = re.compile(r"(?m)[Kk]ey references: ([^\n]*?)\]?$")
+# How a transcript names a message's author (``messages.render``): our framing, never a label.
+_RENDERED = re.compile(
+    r"^(?:(?:USER: )?TOOL RESULT \([^)]*\):"
+    r"|(?:USER|ASSISTANT|SYSTEM|DEVELOPER)(?: called tool)?:?)\s*"
+)
 _ROLE_RE = re.compile(r"(?m)^(USER|ASSISTANT|SYSTEM|DEVELOPER)\b|^(?:USER: )?(TOOL) RESULT \(")
 _GROUP_RE = re.compile(r"^(read|written|edited|created|deleted): ")
 _STOP = frozenset(
@@ -62,6 +68,7 @@ class Reference:
     score: float
     first: int
     action: str = ""  # a file's action (artifacts.READ...), grouped on the line
+    carried: bool = False  # an item of an earlier summary's line: carried whole, label and all
 
     @property
     def words(self) -> tuple[str, ...]:
@@ -114,6 +121,9 @@ def _clause(text: str, start: int, end: int) -> tuple[list[str], list[str]]:
 def label(text: str, fact: str, start: int) -> str:
     """The fact with the words of its clause that say what it is (``fact`` when none do)."""
     before, after = _clause(text, start, start + len(fact))
+    before = _RENDERED.sub("", " ".join(before)).split()
+    if before and before[-1].endswith("="):
+        before.pop()  # a placeholder's "read_file(path=a.py)": an argument name, not a label
     while before and before[0].lower().strip(",") in _STOP:
         before.pop(0)
     content = [w for w in before if w.lower() not in _STOP and not w.startswith(("{", "["))]
@@ -174,13 +184,14 @@ def _references(span_text: str, limit: int) -> tuple[Reference, ...]:
             item = fact if action else label(text, fact, f.first)
         if user and not action and not item.startswith(USER_MARK):
             item = USER_MARK + item
-        out.append(
-            Reference(fact, item, _tier(f.kind, fact, action, user), f.score, f.first, action)
-        )
+        tier = _tier(f.kind, fact, action, user)
+        out.append(Reference(fact, item, tier, f.score, f.first, action, carried is not None))
     out += _directives(text, marks, regions, {r.fact for r in out})
     # "req/min" inside "312 req/min": the longer fact carries it (and says what it is).
     facts = [r.fact for r in out]
-    out = [r for r in out if not any(r.fact != f and r.fact in f for f in facts)]
+    # A file the agent touched stays itself, though: "test_x.py" it wrote inside a longer
+    # "/testbed/test_x.py" of a traceback would fall to the test-id rank and be shed.
+    out = [r for r in out if r.action or not any(r.fact != f and r.fact in f for f in facts)]
     return tuple(sorted(out, key=lambda r: (r.tier, -r.score, r.first)))
 
 
@@ -231,7 +242,7 @@ def _directives(
             said = part[len(USER_MARK) :]
             if part.startswith(USER_MARK) and said not in known:
                 known.add(said)
-                out.append(Reference(said, part, 0, 9.0, start))
+                out.append(Reference(said, part, 0, 9.0, start, carried=True))
     return out
 
 
@@ -312,7 +323,9 @@ def guard(
     there = [r.fact for r in refs if r.fact not in kept and r.fact in elsewhere]
     lost = [r for r in refs if r.fact not in kept and r.fact not in there]
     # First as many facts as fit bare, most needed first (never fewer than an unlabelled
-    # line would carry); then, in the same order, their labels while the budget lasts.
+    # line would carry); then their labels while the budget lasts: first the labels an
+    # earlier line carried (shedding those for newer ones is how labels faded over
+    # successive summaries), then the rest, each in rank order.
     chosen: list[Reference] = []
     used = files_used = 0
     groups: set[str] = set()
@@ -330,12 +343,25 @@ def guard(
             continue
         chosen.append(ref)
         groups.add(ref.action)
-    for n, ref in enumerate(chosen):
+    order = sorted(range(len(chosen)), key=lambda n: not chosen[n].carried)
+    bare = set()
+    for n in order:
+        ref = chosen[n]
         extra = 0 if ref.action else len(ref.item) - len(ref.fact)
         if extra > 0 and used + extra <= max_chars:
             used += extra
         elif not ref.action:
-            chosen[n] = Reference(ref.fact, ref.fact, ref.tier, ref.score, ref.first)
+            bare.add(n)
+    items: set[str] = set()
+    shown: list[Reference] = []
+    for n, ref in enumerate(chosen):
+        if n in bare:
+            ref = Reference(ref.fact, ref.fact, ref.tier, ref.score, ref.first)
+        if not ref.action and ref.item in items:
+            continue  # two facts of one carried item: shown once
+        items.add(ref.item)
+        shown.append(ref)
+    chosen = shown
     line = render(chosen)
     appended = [r.fact for r in lost if r.fact in line]
     if line:

@@ -90,13 +90,26 @@ class DetectorFailedEvent(_EventBase):
     error: str
 
 
+class TurnCounts(TypedDict):
+    """Assistant turns and user instructions of a conversation before or after a compaction
+    (``phase``), by the compaction's case: what /metrics adds up."""
+
+    phase: Literal["before", "after"]
+    case: str
+    turns: int
+    instructions: int
+
+
 class BehaviourEvent(_EventBase):
-    """#26: tool calls repeated after a compaction (new since the last such event)."""
+    """#26: tool calls repeated after a compaction (new since the last such event); with
+    ``turns`` when a compaction is first seen in use (its "before" counts, and the "after"
+    counts of the compaction it took over from, final then)."""
 
     case: Literal["behaviour"]
     record: str
     repeated_calls: int
     rereads: int
+    turns: NotRequired[list[TurnCounts]]
 
 
 class LoopBreakerEvent(_EventBase):

@@ -63,6 +63,7 @@ def behaviour_html(figures: Any, loop: Any) -> str:
                 f'<td class="num">{float(f.get("turns_after") or 0):.1f}</td>'
                 f'<td class="mute">{repeated}</td></tr>'
             )
+        rows.append(_conversation_row(figures))
         out.append(
             '<table class="behaviour"><tr><th>after compaction</th><th>repeated tool calls</th>'
             "<th>files re-read</th><th>turns per instruction before</th><th>after</th>"
@@ -72,4 +73,32 @@ def behaviour_html(figures: Any, loop: Any) -> str:
         return ""
     return (
         f'<section class="behaviour"><h3>The agent after compactions</h3>{"".join(out)}</section>'
+    )
+
+
+def _counts(value: Any) -> tuple[int, int]:
+    ok = isinstance(value, list) and [type(n) for n in value] == [int, int]
+    return (value[0], value[1]) if ok else (0, 0)
+
+
+def _ratio(turns: int, instructions: int) -> str:
+    return f"{turns / instructions:.1f}" if instructions else "–"
+
+
+def _conversation_row(figures: dict[str, Any]) -> str:
+    """The whole conversation: turns per user instruction before its first compaction shown,
+    and over every stretch after one (each compaction's "after" ends where the next begins)."""
+    rows = [f for f in figures.values() if isinstance(f, dict)]
+    if not rows:
+        return ""
+    before = _counts(rows[0].get("counts_before"))
+    after = [_counts(f.get("counts_after")) for f in rows]
+    turns, told = sum(a for a, _ in after), sum(b for _, b in after)
+    total = sum(int(f.get("repeated_calls") or 0) for f in rows)
+    rereads = sum(int(f.get("rereads") or 0) for f in rows)
+    return (
+        '<tr class="conversation"><td><b>this conversation</b></td>'
+        f'<td class="num">{total}</td><td class="num">{rereads}</td>'
+        f'<td class="num">{_ratio(*before)}</td><td class="num">{_ratio(turns, told)}</td>'
+        "<td></td></tr>"
     )
