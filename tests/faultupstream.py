@@ -16,11 +16,10 @@ from __future__ import annotations
 import json
 import socket
 import struct
-import threading
 from collections import Counter
 from typing import Any
 
-from tests.rawupstream import Seen, completion, read_request, sse_crlf_events, tcp_server
+from tests.rawupstream import Seen, SocketUpstream, completion, sse_crlf_events
 
 UPSTREAM_500 = b'{"error": {"message": "the upstream itself failed", "type": "server_error"}}'
 HANG_S = 120.0  # a backstop: the proxy gives up long before
@@ -50,35 +49,25 @@ def anthropic_events() -> list[bytes]:
     return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
 
 
-class FaultUpstream:
+class FaultUpstream(SocketUpstream):
     """``with FaultUpstream() as up``: ``up.attempts[(call, attempt)]`` counts the requests
     received for each attempt of each call (``x-test-call``, ``x-stainless-retry-count``)."""
 
     def __init__(self) -> None:
         self.attempts: Counter[tuple[str, int]] = Counter()
         self.faults: Counter[str] = Counter()
-        self.lock = threading.Lock()
-        self._server = tcp_server(self._handle)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__()
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def __enter__(self) -> FaultUpstream:
-        self._thread.start()
+        super().__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    def _handle(self, sock: socket.socket) -> None:
-        reader = sock.makefile("rb")
-        while (seen := read_request(reader)) is not None:
-            if not self._answer(sock, seen, self._fault(seen)):
-                return
+    def _serve_one(self, sock: socket.socket, seen: Seen) -> bool:
+        return self._answer(sock, seen, self._fault(seen))
 
     def _fault(self, seen: Seen) -> str:
         call = (seen.header("x-test-call") or b"?").decode()

@@ -115,7 +115,35 @@ def read_request(reader: Any) -> Seen | None:
     return Seen(method, target, headers, body)
 
 
-class RawUpstream:
+class SocketUpstream:
+    """A threaded raw-socket upstream on a free loopback port, as a context manager; a
+    subclass answers each request in ``_serve_one`` (False when the connection is done)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._server = tcp_server(self._handle)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> SocketUpstream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handle(self, sock: socket.socket) -> None:
+        reader = sock.makefile("rb")
+        while (seen := read_request(reader)) is not None:
+            if not self._serve_one(sock, seen):
+                return
+
+    def _serve_one(self, sock: socket.socket, seen: Seen) -> bool:
+        raise NotImplementedError
+
+
+class RawUpstream(SocketUpstream):
     """``with RawUpstream() as up: up.url(...)`` - every request lands in ``up.seen``.
 
     With ``llm_mode="drip"`` the proxy's own calls, and any request under a ``/drip/`` path,
@@ -127,31 +155,21 @@ class RawUpstream:
         self.llm_mode = llm_mode  # "ok" | "drip"
         self.drip_s = drip_s
         self.drips_finished = 0
-        self.lock = threading.Lock()
-        self._server = tcp_server(self._handle)
-        self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__()
 
     def url(self, path: str = "") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def __enter__(self) -> RawUpstream:
-        self._thread.start()
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.shutdown()
-        self._server.server_close()
 
     # ---- one connection ---------------------------------------------------------------
 
-    def _handle(self, sock: socket.socket) -> None:
-        reader = sock.makefile("rb")
-        while (seen := read_request(reader)) is not None:
-            with self.lock:
-                self.seen.append(seen)
-            if not self._answer(sock, seen):
-                return
+    def _serve_one(self, sock: socket.socket, seen: Seen) -> bool:
+        with self.lock:
+            self.seen.append(seen)
+        return self._answer(sock, seen)
 
     def _send(self, sock: socket.socket, status: int, body: bytes, ctype: str) -> None:
         head = (
