@@ -60,7 +60,10 @@ def too_soon(
     need not). The last one (in the record in effect, or the one it carries on) must be
     ``min_requests_between_compactions`` requests old, and the client's history must have
     grown by a trigger's worth since: then each LLM compaction pays for one trigger of growth
-    at most, however large each request is. The hard limit overrides this (``planner``)."""
+    at most, however large each request is. The hard limit overrides this (``planner``);
+    ``min_requests_between_compactions: 0`` turns it off."""
+    if s.min_requests_between_compactions <= 0:
+        return None  # configured off (tests of the mechanics at tiny triggers)
     since = llm_request_len(record)
     if since <= 0 or since > len(original):
         return None  # none yet, or the client's own history shrank: a new start
