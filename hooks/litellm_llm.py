@@ -2,7 +2,8 @@
 
 They go through the running proxy's router (its model list, keys and providers), else plain
 ``litellm.acompletion``. They carry ``metadata={"compaction_internal": True}`` and the header
-``x-compaction-purpose``; the hook skips its own calls, so it never recurses.
+``x-compaction-purpose``; the hook skips its own calls, so it never recurses. When traced, the
+call's span context too (``traceparent``: ``proxy.adapters.llm.TRACE_HEADERS``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from proxy.adapters.llm import LLMReply, reply_from
+from proxy.adapters.llm import TRACE_HEADERS, LLMReply, reply_from
 from proxy.core.errors import CompactionFailed
 from proxy.core.messages import Message
 
@@ -69,7 +70,7 @@ class LiteLLMRouterLLM:
             # cooldown instead of keeping an inline request waiting on retries.
             "num_retries": 0,
             "metadata": {INTERNAL_FLAG: True, "compaction_purpose": purpose},
-            "extra_headers": {PURPOSE_HEADER: purpose},
+            "extra_headers": {PURPOSE_HEADER: purpose, **(TRACE_HEADERS.get() or {})},
         }
         router = self._router if self._router is not None else proxy_router()
         try:

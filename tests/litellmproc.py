@@ -8,15 +8,14 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import yaml
 
+from tests import childproc
 from tests.proxyproc import free_port
 from tests.upstream import ScriptedUpstream
 
@@ -111,28 +110,12 @@ class LiteLLMProcess:
             self.proc = subprocess.Popen(
                 command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.tmp
             )
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"litellm exited ({self.proc.returncode}):\n{self.logs()}")
-            try:
-                r = httpx.get(f"http://127.0.0.1:{self.port}/health/liveliness", timeout=1)
-                if r.status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"litellm did not start in {START_TIMEOUT_S}s:\n{self.logs()}")
+        url = f"http://127.0.0.1:{self.port}/health/liveliness"
+        childproc.wait_ready(self.proc, url, START_TIMEOUT_S, "litellm", self.logs)
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        childproc.stop(self.proc)
 
     def logs(self, tail: int = 30_000) -> str:
         try:

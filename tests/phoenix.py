@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from tests import childproc
 from tests.proxyproc import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,27 +65,13 @@ class Phoenix:
                 [phoenix_bin(), "serve"], stdout=log, stderr=subprocess.STDOUT, env=env,
                 cwd=self.work,
             )  # fmt: skip
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"phoenix exited: {self.logs()}")
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        self.stop()
-        raise RuntimeError(f"phoenix did not start in {START_TIMEOUT_S:.0f} s: {self.logs()}")
+        childproc.wait_ready(
+            self.proc, f"{self.url}/healthz", START_TIMEOUT_S, "phoenix", self.logs
+        )
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        childproc.stop(self.proc, grace_s=20)
 
     def logs(self) -> str:
         try:

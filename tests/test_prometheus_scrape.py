@@ -17,6 +17,7 @@ import openai
 import pytest
 import yaml
 
+from tests import childproc
 from tests.checks import INLINE
 from tests.conversations import user_turns
 from tests.proxyproc import ProxyProcess, free_port
@@ -77,25 +78,14 @@ class Prometheus:
         ]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
-            try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError(f"prometheus did not start: {self.log_path.read_text()[-3000:]}")
+        childproc.wait_ready(self.proc, f"{self.url}/-/ready", 60, "prometheus", self.logs)
+        return self
+
+    def logs(self) -> str:
+        return self.log_path.read_text(errors="replace")[-3000:]
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        childproc.stop(self.proc)
 
     def query(self, promql: str) -> float | None:
         r = httpx.get(f"{self.url}/api/v1/query", params={"query": promql}, timeout=10)

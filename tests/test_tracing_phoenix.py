@@ -10,104 +10,45 @@ per detector/summarizer call; no message text anywhere; the same spans through b
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
 
 from proxy.core import keyfacts
-from tests.checks import INLINE
 from tests.conversations import user_turns
 from tests.litellmproc import MODEL, LiteLLMProcess
 from tests.phoenix import Phoenix
 from tests.proxyproc import ProxyProcess
+from tests.tracedchat import (
+    CLIENT_SPAN,
+    COMPACTION,
+    SYSTEM,
+    TURNS,
+    all_arrived,
+    children,
+    converse,
+    otel_env,
+    ours,
+    short_summary,
+    spans_when,
+    traced_proxy,
+)
 from tests.upstream import ScriptedUpstream
 
-SYSTEM = "You are a careful coding assistant for the billing service."
-TURNS = 10
-# A short summary and a tight key-references line: the compaction drops facts, whose ids and
-# categories (never their text) the compaction event carries.
-COMPACTION = {**INLINE, "key_references_max_chars": 40}
-CLIENT_SPAN = "00f067aa0ba902b7"
-
-
-def short_summary(request: dict[str, Any]) -> str:
-    return "The user and the assistant worked through the billing service refactor together."
+TOKEN = "admin-traces"
 
 
 @pytest.fixture(scope="module")
 def phoenix(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Phoenix]:
     with Phoenix(tmp_path_factory.mktemp("phoenix")) as ph:
         yield ph
-
-
-def otel_env(phoenix: Phoenix, project: str, **more: str) -> dict[str, str]:
-    return {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": phoenix.url,
-        "OTEL_RESOURCE_ATTRIBUTES": f"openinference.project.name={project}",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: export soon after each request
-        **more,
-    }
-
-
-def converse(client: openai.OpenAI) -> list[dict[str, str]]:
-    """A plain chat past the inline trigger, every other turn streamed; each turn's
-    ``x-compaction-*`` response headers."""
-    texts = [t for t in user_turns(2 * TURNS) if "[[tool:" not in t][:TURNS]
-    messages: list[dict[str, Any]] = [{"role": "system", "content": SYSTEM}]
-    seen = []
-    for i, text in enumerate(texts):
-        messages.append({"role": "user", "content": text})
-        if i % 2:
-            with client.chat.completions.with_streaming_response.create(
-                model=MODEL, messages=messages, stream=True
-            ) as raw:
-                headers = raw.headers
-                chunks = list(raw.parse())
-            reply = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-        else:
-            raw_whole = client.chat.completions.with_raw_response.create(
-                model=MODEL, messages=messages
-            )
-            headers = raw_whole.headers
-            reply = raw_whole.parse().choices[0].message.content or ""
-        seen.append({k: v for k, v in headers.items() if k.startswith("x-compaction")})
-        messages.append({"role": "assistant", "content": reply})
-    return seen
-
-
-def spans_when(
-    phoenix: Phoenix, project: str, ready: Callable[[list[dict[str, Any]]], bool]
-) -> list[dict[str, Any]]:
-    """Phoenix's spans of ``project`` once ``ready`` holds (export is batched, then stored)."""
-    deadline = time.monotonic() + 60
-    spans = phoenix.spans(project)
-    while not ready(spans) and time.monotonic() < deadline:
-        time.sleep(0.5)
-        spans = phoenix.spans(project)
-    return spans
-
-
-def ours(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The request spans (LiteLLM may export its own spans too), in order."""
-    found = [s for s in spans if "compaction_proxy.route" in s["attributes"]]
-    return sorted(found, key=lambda s: s["start_time"])
-
-
-def children(spans: list[dict[str, Any]], parent: dict[str, Any]) -> list[dict[str, Any]]:
-    return [s for s in spans if s["parent_id"] == parent["context"]["span_id"]]
-
-
-def all_arrived(spans: list[dict[str, Any]]) -> bool:
-    requests = ours(spans)
-    llm = [s for s in spans if "compaction_proxy.purpose" in s["attributes"]]
-    ups = [s for s in spans if s["name"] == "upstream"]
-    return len(requests) == TURNS and len(ups) == TURNS and len(llm) >= 2
 
 
 def shape(spans: list[dict[str, Any]]) -> dict[str, Any]:
@@ -197,6 +138,35 @@ def check_spans(
         r.purpose for r in internal
     )
     assert all(s["parent_id"] == compaction["context"]["span_id"] for s in calls)
+    # Each call's request carried its span's context: a collector at the summarizer joins.
+    sent_context = sorted(r.headers.get("traceparent", "") for r in internal)
+    assert sent_context == sorted(f"00-{trace}-{s['context']['span_id']}-01" for s in calls)
+
+
+def check_net(spans: list[dict[str, Any]], px: ProxyProcess) -> None:
+    """Each request span's net dollars are the ledger's for that request (the admin API's
+    conversation page), and with the compaction's detector/summarizer spend they add up to
+    the conversation's net."""
+    requests = ours(spans)
+    last = requests[-1]["attributes"]  # (the first request's row joined the session's)
+    name = f"{last['compaction_proxy.tenant']}:{last['gen_ai.conversation.id']}"
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    url = f"{px.root}/admin/api/conversations/{name}"
+    detail = httpx.get(url, headers=auth, timeout=10).json()
+    assert "requests" in detail, detail
+    recorded = [r["net_usd"] for r in detail["requests"]]
+    assert len(recorded) == TURNS and all(isinstance(n, float) for n in recorded), recorded
+    on_spans = [s["attributes"]["compaction_proxy.usd.net"] for s in requests]
+    assert on_spans == recorded
+    assert any(n > 0 for n in on_spans), on_spans
+    llm = sum(
+        e["attributes"]["compaction_proxy.llm.usd"]
+        for s in spans
+        if s["name"] == "compaction"
+        for e in s["events"]
+    )
+    assert detail["meta"]["llm_usd"] == pytest.approx(llm, abs=1e-8)
+    assert sum(on_spans) - llm == pytest.approx(detail["meta"]["net_saved_usd"], abs=1e-8)
 
 
 def assert_no_content(spans: list[dict[str, Any]], texts: list[str]) -> None:
@@ -213,19 +183,12 @@ def test_the_proxy_exports_a_compacted_conversation_to_phoenix(
     trace = secrets.token_hex(16)
     project = "proxy-" + secrets.token_hex(4)
     with ScriptedUpstream(summarizer=short_summary) as up:
-        px = ProxyProcess(tmp_path, up.base_url, compaction=COMPACTION)
-        px.start(env=otel_env(phoenix, project))
-        client = openai.OpenAI(
-            base_url=px.base_url,
-            api_key="sk-client",
-            max_retries=0,
-            default_headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
-        )
-        try:
+        with traced_proxy(
+            tmp_path, up, phoenix, project, trace, compaction=COMPACTION, admin={"token": TOKEN}
+        ) as (px, client):
             headers = converse(client)
             spans = spans_when(phoenix, project, all_arrived)
-        finally:
-            px.stop()
+            check_net(spans, px)
         check_spans(spans, headers, up, trace)
     texts = [t for t in user_turns(2 * TURNS) if "[[tool:" not in t][:TURNS]
     assert_no_content(spans, texts)
@@ -238,22 +201,17 @@ def test_both_front_doors_export_the_same_spans(phoenix: Phoenix, tmp_path: Path
         project = f"{door}-" + secrets.token_hex(4)
         work = tmp_path / door
         work.mkdir()
-        with ScriptedUpstream(summarizer=short_summary) as up:
+        with ScriptedUpstream(summarizer=short_summary) as up, contextlib.ExitStack() as stack:
+            client: openai.OpenAI
             if door == "server":
-                px = ProxyProcess(work, up.base_url, compaction=COMPACTION)
-                px.start(env=otel_env(phoenix, project))
-                client = openai.OpenAI(
-                    base_url=px.base_url,
-                    api_key="sk-client",
-                    max_retries=0,
-                    default_headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
-                )
-                stop = px.stop
+                proxy = traced_proxy(work, up, phoenix, project, trace, compaction=COMPACTION)
+                _, client = stack.enter_context(proxy)
             else:
                 proc = LiteLLMProcess(
                     work, up.base_url, COMPACTION, f"diskcache://{work / 'store'}", "env"
                 )
                 proc.env.update(otel_env(phoenix, project))
+                stack.callback(proc.stop)
                 proc.start()
                 client = proc.client(tenant="traced")
                 client = client.with_options(
@@ -262,13 +220,9 @@ def test_both_front_doors_export_the_same_spans(phoenix: Phoenix, tmp_path: Path
                         "traceparent": f"00-{trace}-{CLIENT_SPAN}-01",
                     }
                 )
-                stop = proc.stop
-            try:
-                headers = converse(client)
-                spans = spans_when(phoenix, project, all_arrived)
-                check_spans(spans, headers, up, trace)
-            finally:
-                stop()
+            headers = converse(client)
+            spans = spans_when(phoenix, project, all_arrived)
+            check_spans(spans, headers, up, trace)
         shapes.append(shape(spans))
     server, hook = shapes
     assert hook == server, "\n".join(differences(hook, server))
@@ -295,25 +249,20 @@ def test_grpc_and_content_when_the_operator_asks(phoenix: Phoenix, tmp_path: Pat
     """``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` reaches Phoenix's gRPC receiver, and with content
     capture turned on the forwarded messages are on the request span."""
     project = "grpc-" + secrets.token_hex(4)
-    env = otel_env(
-        phoenix,
-        project,
-        OTEL_EXPORTER_OTLP_ENDPOINT=phoenix.grpc_url,
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-        OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT="true",
-    )
-    with ScriptedUpstream() as up:
-        px = ProxyProcess(tmp_path, up.base_url)
-        px.start(env=env)
-        try:
-            client = openai.OpenAI(base_url=px.base_url, api_key="sk-client", max_retries=0)
-            question = "Which ledger column holds the refund id?"
-            client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": question}]
-            )
-            spans = spans_when(phoenix, project, lambda s: len(ours(s)) == 1)
-        finally:
-            px.stop()
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": phoenix.grpc_url,
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT": "true",
+    }
+    question = "Which ledger column holds the refund id?"
+    with (
+        ScriptedUpstream() as up,
+        traced_proxy(tmp_path, up, phoenix, project, None, env) as (_, client),
+    ):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": question}]
+        )
+        spans = spans_when(phoenix, project, lambda s: len(ours(s)) == 1)
     (span,) = ours(spans)
     assert question in span["attributes"]["gen_ai.input.messages"]
 
@@ -325,23 +274,21 @@ def test_a_background_compaction_joins_the_trace_of_the_request_that_scheduled_i
     trace = secrets.token_hex(16)
     # A trigger the chat crosses early enough for a later turn to use what was made.
     background = {**COMPACTION, "mode": "background", "trigger_tokens": 3000}
-    with ScriptedUpstream(summarizer=short_summary) as up:
-        px = ProxyProcess(tmp_path, up.base_url, compaction=background)
-        px.start(env=otel_env(phoenix, project))
-        try:
-            client = openai.OpenAI(
-                base_url=px.base_url,
-                api_key="sk-client",
-                max_retries=0,
-                default_headers={"traceparent": f"00-{trace}-{CLIENT_SPAN}-01"},
-            )
-            headers = converse(client)
-            spans = spans_when(
-                phoenix, project, lambda s: all_arrived(s) and any(x["events"] for x in s)
-            )
-        finally:
-            px.stop()
-    assert "summarize" in [h["x-compaction-case"] for h in headers]  # used once it was made
+    with (
+        ScriptedUpstream(summarizer=short_summary) as up,
+        traced_proxy(tmp_path, up, phoenix, project, trace, compaction=background) as (_, client),
+    ):
+        history: list[dict[str, Any]] = []
+        headers = converse(client, history)
+        spans = spans_when(
+            phoenix, project, lambda s: all_arrived(s) and any(x["events"] for x in s)
+        )
+        # A compaction's span ends once its record is stored: the next turn uses it (on a
+        # busy machine the chat may end before the compaction does).
+        history.append({"role": "user", "content": "Where did we leave the refund ledger?"})
+        reply = client.chat.completions.with_raw_response.create(model=MODEL, messages=history)
+    cases = [h["x-compaction-case"] for h in headers] + [reply.headers["x-compaction-case"]]
+    assert cases[-1] == "summarize", cases  # used once it was made
     compactions = [s for s in spans if s["name"] == "compaction" and s["events"]]
     assert compactions, [s["name"] for s in spans]
     first = min(compactions, key=lambda s: s["start_time"])

@@ -135,3 +135,22 @@ def test_the_first_requests_ledger_row_joins_the_session(tmp_path: Path) -> None
     ledger.record_batch(store, [(_entry("session", "first", 3.0), None)], None)
     assert store.get(conv_key("conv", "t", "session"))["requests"] == 3
     store.close()
+
+
+def test_the_ledger_returns_each_requests_net_in_batch_order(tmp_path: Path) -> None:
+    """The net dollars a request span carries (#27): one per entry, where the entry was in
+    the batch, the same as its ``req`` row and adding up to its conversation's; none for an
+    error or a model without a price."""
+    store = DiskStore(tmp_path)
+    compacted = ledger.RequestEntry(**{**_entry("a", ts=2.0).__dict__, "forwarded_tokens": 40})
+    failed = ledger.RequestEntry(**{**_entry("b", ts=2.0).__dict__, "status": 500})
+    unpriced = ledger.RequestEntry(**{**_entry("c").__dict__, "model": "my-local-model"})
+    batch = [_entry("a"), _entry("b"), compacted, failed, unpriced]
+    nets = ledger.record_batch(store, [(e, None) for e in batch], None)
+    assert nets[1] is not None and nets[3] is None and nets[4] is None
+    assert nets[0] == 0.0 and nets[2] is not None and nets[2] > 0  # 60 tokens fewer
+    rows = get_list(store, conv_key("req", "t", "a"))
+    assert [r["net_usd"] for r in rows] == [nets[0], nets[2]]
+    meta = store.get(conv_key("conv", "t", "a"))
+    assert meta["counterfactual_usd"] - meta["actual_usd"] == nets[0] + nets[2]
+    store.close()

@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -22,6 +23,13 @@ from proxy.core.errors import CompactionFailed
 from proxy.core.messages import Message
 
 log = logging.getLogger("compaction_proxy.llm")
+
+# The W3C trace context (``traceparent``, ``tracestate``) of the detector/summarizer call in
+# progress, set by the tracing wrapper (``proxy.engine.tracing.TracedLLM``) around each call:
+# its request carries it, so a collector on the summarizer's side joins the proxy's trace.
+TRACE_HEADERS: ContextVar[Mapping[str, str] | None] = ContextVar(
+    "compaction_proxy_llm_trace", default=None
+)
 
 # Provider prefixes that the plain OpenAI-compatible path serves itself.
 # LiteLLM provider prefixes whose APIs are not OpenAI-compatible chat completions at the
@@ -124,9 +132,12 @@ class HttpLLM:
         purpose: str,
         credential: str | None,
     ) -> LLMReply:
+        trace = TRACE_HEADERS.get()
         if _needs_litellm(model):
-            return await _litellm_complete(model, messages, max_tokens, self._timeout)
+            return await _litellm_complete(model, messages, max_tokens, self._timeout, trace)
         headers = {"content-type": "application/json", "x-compaction-purpose": purpose}
+        if trace:
+            headers.update(trace)
         key = self._api_key or (credential if self._relay_credential else None)
         if key:
             headers["authorization"] = key if key.lower().startswith("bearer ") else f"Bearer {key}"
@@ -160,7 +171,11 @@ class HttpLLM:
 
 
 async def _litellm_complete(
-    model: str, messages: Sequence[Message], max_tokens: int, timeout: float
+    model: str,
+    messages: Sequence[Message],
+    max_tokens: int,
+    timeout: float,
+    trace: Mapping[str, str] | None = None,
 ) -> LLMReply:
     # Importing litellm fetches its model map from the internet unless told not to; the
     # proxy makes no network calls but to the upstream (and here, the named provider).
@@ -174,6 +189,8 @@ async def _litellm_complete(
             max_tokens=max_tokens,
             temperature=0,
             timeout=timeout,
+            # The provider's request carries the call's trace context (as the HTTP path's).
+            **({"extra_headers": dict(trace)} if trace else {}),
         )
         body = response.model_dump() if hasattr(response, "model_dump") else dict(response)
     except Exception as exc:  # litellm raises many provider-specific types

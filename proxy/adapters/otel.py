@@ -155,6 +155,15 @@ class Span:
     def end(self, end_ns: int | None = None) -> None:
         self._span.end(end_time=end_ns)
 
+    def headers(self) -> dict[str, str]:
+        """This span's W3C ``traceparent`` (and ``tracestate``), for a request it makes."""
+        c = self._span.get_span_context()
+        flags = int(c.trace_flags) & 0xFF
+        found = {"traceparent": f"00-{c.trace_id:032x}-{c.span_id:016x}-{flags:02x}"}
+        if c.trace_state:
+            found["tracestate"] = c.trace_state.to_header()
+        return found
+
 
 class OtlpBackend:
     """A tracer provider of the proxy's own with one batched OTLP exporter."""

@@ -5,19 +5,34 @@ Writing the ledger one request at a time cost several SQLite transactions per re
 collects entries and flushes them every ``interval_s`` in one thread hop: one update per
 conversation, hour and the totals. Readers in this process (the admin API) call ``flush``
 first, so they see every request; other processes see them within ``interval_s``.
+
+A request's net dollars depend on its conversation's previous request, which the ledger reads
+as it writes: whoever needs them (the request's trace span) passes a ``Priced`` and hears
+them after the flush, on the event loop; the request never waits for them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from proxy.adapters.store import Store
 from proxy.core.errors import StoreError
 from proxy.operators import ledger
 
 log = logging.getLogger("compaction_proxy.writer")
+
+
+class Priced(Protocol):
+    """Told a queued request's net dollars once the ledger priced it."""
+
+    def pricing(self) -> None:
+        """Called when the request is queued: ``priced`` follows (after the next flush)."""
+
+    def priced(self, net_usd: float | None) -> None:
+        """The request's net (``ledger.request_net``); None when it was not priced or its
+        write failed."""
 
 
 class BatchWriter:
@@ -28,14 +43,20 @@ class BatchWriter:
         self._retention = retention_s
         self._interval = interval_s
         self._entries: list[tuple[ledger.RequestEntry, list[dict[str, Any]] | None]] = []
+        self._priced: list[Priced | None] = []  # in step with ``_entries``
         # Per (tenant, conversation): where in ``_entries`` its queued history is.
         self._history_at: dict[tuple[str, str], int] = {}
         self._latest: dict[str, tuple[Any, float | None]] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
 
-    def record(self, entry: ledger.RequestEntry, original: list[dict[str, Any]] | None) -> None:
-        """Queue one request for the ledger (never blocks).
+    def record(
+        self,
+        entry: ledger.RequestEntry,
+        original: list[dict[str, Any]] | None,
+        priced: Priced | None = None,
+    ) -> None:
+        """Queue one request for the ledger (never blocks); ``priced`` hears its net dollars.
 
         Only the newest history of a conversation is stored (``ledger.record_batch``), so a
         history queued earlier in the same batch is let go here rather than at the flush:
@@ -51,6 +72,9 @@ class BatchWriter:
                 self._entries[earlier] = (self._entries[earlier][0], None)
             self._history_at[key] = len(self._entries)
         self._entries.append((entry, original))
+        self._priced.append(priced)
+        if priced is not None:
+            priced.pricing()
         self._wake()
 
     def put(self, key: str, value: Any, ttl: float | None) -> None:
@@ -74,22 +98,26 @@ class BatchWriter:
         """Write everything queued so far; failures are logged and dropped (fail open)."""
         async with self._lock:
             entries, self._entries = self._entries, []
+            priced, self._priced = self._priced, []
             self._history_at = {}
             latest, self._latest = self._latest, {}
             if not entries and not latest:
                 return
+            nets: list[float | None] = [None] * len(entries)
             try:
-                await asyncio.to_thread(self._write, entries, latest)
+                nets = await asyncio.to_thread(self._write, entries, latest)
             except StoreError as exc:
                 log.warning("ledger write failed", extra={"error": str(exc), "n": len(entries)})
             except Exception:
                 log.exception("ledger write crashed")
+            finally:
+                _tell(priced, nets)
 
     def _write(
         self,
         entries: list[tuple[ledger.RequestEntry, list[dict[str, Any]] | None]],
         latest: dict[str, tuple[Any, float | None]],
-    ) -> None:
+    ) -> list[float | None]:
         for key, (value, ttl) in latest.items():
             try:
                 self._store.set(key, value() if callable(value) else value, ttl)
@@ -100,10 +128,23 @@ class BatchWriter:
         if entries:
             # record_batch writes each conversation on its own: an entry whose values cannot
             # be written costs only its own conversation's rows, never the batch's others.
-            ledger.record_batch(self._store, entries, self._retention)
+            return ledger.record_batch(self._store, entries, self._retention)
+        return []
 
     async def close(self) -> None:
         """Flush what is left; the background task ends once nothing is queued."""
         await self.flush()
         if self._task is not None:
             await self._task
+
+
+def _tell(priced: list[Priced | None], nets: list[float | None]) -> None:
+    """Each waiting ``Priced`` its request's net (None for all when the write failed)."""
+    if len(nets) != len(priced):
+        nets = [None] * len(priced)
+    for who, net in zip(priced, nets, strict=True):
+        if who is not None:
+            try:
+                who.priced(net)
+            except Exception:
+                log.exception("a priced request's listener failed")

@@ -313,7 +313,7 @@ class Service:
             overhead_s=call.overhead_s,
             cache_ttl_s=billing.rules_for(prepared.model, self.config.compaction).ttl_s,
         )
-        self.compactor.writer.record(entry, prepared.original)
+        self.compactor.writer.record(entry, prepared.original, call.trace)
 
     def _settle_refusal(
         self, route: str, refused: Prepared, status: int, *, retried: bool = True

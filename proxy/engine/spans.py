@@ -44,6 +44,7 @@ class SpanHandle(Protocol):
     def event(self, name: str, attributes: Mapping[str, Any]) -> None: ...
     def fail(self, error_type: str) -> None: ...
     def end(self, end_ns: int | None = None) -> None: ...
+    def headers(self) -> dict[str, str]: ...
 
 
 class Backend(Protocol):
@@ -113,10 +114,15 @@ class RequestTrace:
     formats a ``traceparent``; both spans are made and handed to the exporter in one go by
     ``finish``, once the client has its answer (the SDK's own span objects cost tens of
     microseconds a request on the event loop; #27 allows 0.1 ms for all of tracing).
+
+    A request the ledger records waits there for its net dollars (``pricing``/``priced``,
+    called by the batched writer): ``finish`` fixes both spans' attributes and times, and
+    they are exported with the net once the writer priced it (within its flush interval).
     """
 
     __slots__ = (
         "tracer", "root", "route", "model", "tenant", "started", "upstream_id", "upstream_ns",
+        "waiting", "net", "ready",
     )  # fmt: skip
 
     def __init__(
@@ -126,6 +132,9 @@ class RequestTrace:
         self.model, self.tenant, self.started = model, tenant, started
         self.upstream_id: int | None = None
         self.upstream_ns: int | None = None
+        self.waiting = False  # the ledger's net is coming (``pricing``)
+        self.net: float | None = None
+        self.ready: tuple[dict[str, Any], str | None, int, int, int] | None = None
 
     @property
     def span(self) -> Root:
@@ -163,36 +172,50 @@ class RequestTrace:
         if not self.root.sampled:
             return
         try:
-            self._emit(prepared, usage, status, response_model, forwarded_at, overhead_s)
+            attributes = self._attributes(prepared, usage, status, response_model, overhead_s)
+            error = None
+            if status >= 400:
+                error = "client_closed" if status == 499 else str(status)
+                attributes["error.type"] = error
+            end = time.time_ns()
+            upstream_ns = self.upstream_ns
+            if upstream_ns is None:
+                upstream_ns = end if forwarded_at is None else now_ns_at(forwarded_at)
+            self.ready = (attributes, error, now_ns_at(self.started), upstream_ns, end)
+            if not self.waiting:
+                self._emit()
         except Exception:
             log.warning("could not export a request's spans", exc_info=True)
 
-    def _emit(
-        self,
-        prepared: Any,
-        usage: Any,
-        status: int,
-        response_model: str | None,
-        forwarded_at: float | None,
-        overhead_s: float,
-    ) -> None:
+    def pricing(self) -> None:
+        """The ledger will price this request (``proxy.adapters.writer.Priced``)."""
+        self.waiting = True
+
+    def priced(self, net_usd: float | None) -> None:
+        """The ledger's net dollars of this request: on the request span, which goes now."""
+        self.waiting, self.net = False, net_usd
+        if self.ready is not None:
+            try:
+                self._emit()
+            except Exception:
+                log.warning("could not export a request's spans", exc_info=True)
+
+    def _emit(self) -> None:
+        """Both spans, as ``finish`` fixed them, with the net once priced."""
+        if self.ready is None:
+            return
+        (attributes, error, start, upstream_ns, end), self.ready = self.ready, None
+        if self.net is not None:
+            attributes["compaction_proxy.usd.net"] = self.net
         backend, root = self.tracer.backend, self.root
-        attributes = self._attributes(prepared, usage, status, response_model, overhead_s)
-        error = None
-        if status >= 400:
-            error = "client_closed" if status == 499 else str(status)
-            attributes["error.type"] = error
-        end = time.time_ns()
-        upstream_ns = self.upstream_ns
-        if upstream_ns is None:
-            upstream_ns = end if forwarded_at is None else now_ns_at(forwarded_at)
+        upstream = {"http.response.status_code": attributes["http.response.status_code"]}
         backend.emit(
             "upstream", "client", root.trace_id, self.upstream_id or backend.new_span_id(),
-            root.span_id, upstream_ns, end, {"http.response.status_code": status}, error,
+            root.span_id, upstream_ns, end, upstream, error,
         )  # fmt: skip
         backend.emit(
             f"chat {self.model}", "server", root.trace_id, root.span_id, root.parent_id,
-            now_ns_at(self.started), end, attributes, error, remote_parent=True,
+            start, end, attributes, error, remote_parent=True,
         )  # fmt: skip
 
     def _attributes(

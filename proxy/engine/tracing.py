@@ -12,9 +12,12 @@ Spans of one request:
 - ``chat {model}`` (server): the request as the client sent it, with the GenAI attributes
   (operation, provider, request and response model, input/output and cache tokens,
   conversation id) and ours (``compaction_proxy.*``: case, tokens before and after, the
-  dollars saved and billed, the tenant's hash);
+  dollars billed, saved and net (the ledger's, once its writer priced the request), the
+  tenant's hash);
 - ``upstream`` (client): the forwarded call; its ``traceparent`` goes upstream, in the
   client's trace when the client sent one;
+- a relayed request (``/v1/models``, embeddings, the probes: ``proxy.engine.relayspans``):
+  its own server span and an ``upstream`` one, likewise;
 - ``compaction`` (internal): a compaction run for this request, inline or in the background
   after it, with a ``gen_ai.conversation.compacted`` event naming the facts it dropped by id
   and category (never their text); under it one ``chat {model}`` span per detector or
@@ -35,8 +38,10 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.adapters.llm import TRACE_HEADERS
 from proxy.config import TRACE_PROTOCOLS, Config, Tracing
 from proxy.core.messages import Message
+from proxy.engine.relayspans import RelayTrace
 from proxy.engine.spans import (
     Backend,
     CompactionTrace,
@@ -148,6 +153,22 @@ class Tracer:
             log.warning("could not start a request span", exc_info=True)
             return None
 
+    def relay(
+        self,
+        method: str,
+        path: str,
+        tenant: str,
+        traceparent: str | None,
+        tracestate: str | None,
+    ) -> RelayTrace | None:
+        """The spans of a relayed request (``proxy.engine.relayspans``), arriving now."""
+        try:
+            root = self.backend.root(f"{method} {path}", traceparent, tracestate)
+            return RelayTrace(self.backend, root, method, path, tenant)
+        except Exception:
+            log.warning("could not start a relayed request's span", exc_info=True)
+            return None
+
     def llm_span(self, model: str, purpose: str) -> SpanHandle | None:
         """A detector or summarizer call's span, under the current one (None outside a request)."""
         parent = CURRENT.get()
@@ -213,6 +234,7 @@ class TracedLLM:
             return await self.inner.complete(
                 model, messages, max_tokens=max_tokens, purpose=purpose, credential=credential
             )
+        token = TRACE_HEADERS.set(_headers_of(span))  # the call's request carries its context
         try:
             reply = await self.inner.complete(
                 model, messages, max_tokens=max_tokens, purpose=purpose, credential=credential
@@ -222,6 +244,8 @@ class TracedLLM:
             safely(span.set, {"error.type": type(exc).__name__})
             safely(span.end)
             raise
+        finally:
+            TRACE_HEADERS.reset(token)
         attributes = {
             "gen_ai.response.model": reply.model,
             "gen_ai.usage.input_tokens": reply.prompt_tokens,
@@ -232,6 +256,14 @@ class TracedLLM:
         safely(span.set, attributes)
         safely(span.end)
         return reply
+
+
+def _headers_of(span: SpanHandle) -> dict[str, str] | None:
+    try:
+        return span.headers()
+    except Exception:
+        log.warning("could not format an LLM span's traceparent", exc_info=True)
+        return None
 
 
 @contextlib.contextmanager

@@ -165,9 +165,11 @@ async def metrics_endpoint(request: Request) -> Response:
         require_admin(request)
     if res.metrics is None:
         raise NotFound("metrics are not enabled")
+    # The queued ledger writes first: a traced request's spans go to the exporter when the
+    # writer has priced it, so the spans-dropped counter below includes every answered request.
+    await res.compactor.writer.flush()
     body, content_type = await asyncio.to_thread(res.metrics.render)
     try:
-        await res.compactor.writer.flush()
         data = await asyncio.to_thread(stats, res.store, 1)
         totals = data["totals"]
         body = ledger_exposition(totals, data["headline"]["phantom"] is not None) + body

@@ -139,7 +139,7 @@ def _failure(event: Failed) -> dict[str, Any]:
 _REQUEST_FIELDS = (
     "ts", "case", "status", "model", "route", "original_messages", "forwarded_messages",
     "original_tokens", "forwarded_tokens", "saved_tokens", "prompt_tokens", "cached_tokens",
-    "completion_tokens", "latency_s", "overhead_s", "shadow",
+    "completion_tokens", "latency_s", "overhead_s", "shadow", "net_usd",
 )  # fmt: skip
 
 

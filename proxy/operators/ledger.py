@@ -13,12 +13,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from proxy.adapters.store import Store, get_list
+from proxy.adapters.store import Store
 from proxy.core import billing, costs
 from proxy.core.errors import StoreError
 from proxy.core.records import conv_key
 from proxy.core.types import Case, CaseName
 from proxy.operators import index, phantom
+from proxy.operators.adopt import adopt
 from proxy.operators.entry import RequestEntry as RequestEntry
 from proxy.operators.entry import usage_numbers as usage_numbers
 from proxy.operators.events import as_event, split
@@ -95,12 +96,12 @@ def record_request(
 
 
 def _conv_apply(
-    meta: Any,
-    entry: RequestEntry,
-    saving: list[costs.RequestSaving],
-    shadow_saving: list[costs.RequestSaving],
-) -> dict[str, Any]:
+    meta: Any, entry: RequestEntry, shadow_saving: list[costs.RequestSaving]
+) -> tuple[dict[str, Any], costs.RequestSaving | None]:
+    """``entry`` applied to its conversation's row, and what it saved as billed (None: not
+    priced, being an error, in shadow mode or over the context window)."""
     meta = meta if isinstance(meta, dict) else {"first_seen": entry.ts}
+    found: costs.RequestSaving | None = None
     if entry.status < 400 and entry.shadow:
         shadow_saving.append(_shadow_saving(meta, entry))
     elif entry.status < 400 and entry.over_window:
@@ -122,7 +123,6 @@ def _conv_apply(
             cached=entry.cached_tokens,
             written=entry.cache_write_tokens,
         )
-        saving.append(found)
         _add_saving(meta, found)
         meta["last_original_tokens"] = entry.original_tokens
         if entry.record:
@@ -138,7 +138,14 @@ def _conv_apply(
         last_case=entry.case,
         messages=entry.original_messages,
     )
-    return _add(meta, entry)
+    return _add(meta, entry), found
+
+
+def request_net(entry: RequestEntry, found: costs.RequestSaving | None) -> float | None:
+    """A request's net dollars as the ledger priced them (its own input against the client's,
+    cache reads and writes as billed; compactions' detector/summarizer spend is charged to the
+    conversation apart, by ``record_compaction``); None when unpriced."""
+    return found.net_usd if found is not None and costs.prices_for(entry.model).known else None
 
 
 def _shadow_saving(meta: dict[str, Any], entry: RequestEntry) -> costs.RequestSaving:
@@ -167,15 +174,19 @@ def record_batch(
     store: Store,
     batch: list[tuple[RequestEntry, list[dict[str, Any]] | None]],
     retention_s: float | None,
-) -> None:
+) -> list[float | None]:
     """Write many requests with one store update per conversation, hour and the totals.
 
     Entries are applied in order; for each conversation only the newest original history is
-    kept (the operator's "what the client last sent").
+    kept (the operator's "what the client last sent"). Returns each entry's net dollars
+    (``request_net``, also in its ``req`` row), in ``batch``'s order.
     """
     by_conv: dict[tuple[str, str], list[tuple[RequestEntry, Any]]] = {}
-    for entry, original in batch:
+    at: dict[tuple[str, str], list[int]] = {}  # each conversation's entries' places in batch
+    for i, (entry, original) in enumerate(batch):
         by_conv.setdefault((entry.tenant, entry.conversation), []).append((entry, original))
+        at.setdefault((entry.tenant, entry.conversation), []).append(i)
+    nets: list[float | None] = [None] * len(batch)
     savings: list[costs.RequestSaving] = []
     shadow_savings: list[costs.RequestSaving] = []
     seen: list[index.Seen] = []
@@ -183,19 +194,34 @@ def record_batch(
     for (tenant, conversation), items in by_conv.items():
         earlier = items[0][0].earlier_conversation
         before: dict[str, Any] = {}
+        found: list[costs.RequestSaving | None] = []
+        shadow: list[costs.RequestSaving] = []
 
         def conv_update(
-            meta: Any, items: list[tuple[RequestEntry, Any]] = items, before: Any = before
+            meta: Any,
+            items: list[tuple[RequestEntry, Any]] = items,
+            before: Any = before,
+            found: list[costs.RequestSaving | None] = found,
+            shadow: list[costs.RequestSaving] = shadow,
         ) -> Any:
+            # Run again when the store retries (Redis, on a concurrent change): start afresh.
             before["model"] = meta.get("model") if isinstance(meta, dict) else None
+            found.clear()
+            shadow.clear()
             for entry, _ in items:
-                meta = _conv_apply(meta, entry, savings, shadow_savings)
+                meta, saving = _conv_apply(meta, entry, shadow)
+                found.append(saving)
             return meta
 
         try:
-            if earlier and _adopt(store, tenant, earlier, conversation, retention_s):
+            if earlier and adopt(store, tenant, earlier, conversation, retention_s):
                 adopted.add((tenant, earlier))
             meta = store.update(conv_key("conv", tenant, conversation), conv_update, retention_s)
+            savings.extend(s for s in found if s is not None)
+            shadow_savings.extend(shadow)
+            priced = [request_net(e, s) for (e, _), s in zip(items, found, strict=True)]
+            for i, net in zip(at[(tenant, conversation)], priced, strict=True):
+                nets[i] = net
             model, last_seen = str(meta.get("model") or ""), float(meta["last_seen"])
             scores = index.sort_scores(meta)
             seen.append(
@@ -203,7 +229,10 @@ def record_batch(
             )
             store.extend(
                 conv_key("req", tenant, conversation),
-                [e.__dict__ | {"saved_tokens": e.saved_tokens} for e, _ in items],
+                [
+                    e.__dict__ | {"saved_tokens": e.saved_tokens, "net_usd": net}
+                    for (e, _), net in zip(items, priced, strict=True)
+                ],
                 retention_s,
                 500,
             )
@@ -255,47 +284,7 @@ def record_batch(
             return t
 
         store.update(f"hour:{hour}", hour_update, retention_s)
-
-
-def _adopt(
-    store: Store, tenant: str, earlier: str, conversation: str, retention_s: float | None
-) -> bool:
-    """A session's first request was recorded under the id it had before its first reply:
-    when its second request names the session for the first time, that row becomes this
-    session's (one dashboard row per session). Sessions whose first requests were identical
-    share that first row; the first of them to continue takes it. True when it took it."""
-    current = store.get(conv_key("conv", tenant, conversation))
-    if isinstance(current, dict) and current.get("requests"):
-        return False  # this session's row exists already
-    old = store.get(conv_key("conv", tenant, earlier))
-    if not isinstance(old, dict):
-        return False
-
-    def merge(meta: Any) -> dict[str, Any]:
-        # A compaction may have been charged to the new id before its first request landed.
-        merged = {**old, "conversation": conversation}
-        for key, value in (meta if isinstance(meta, dict) else {}).items():
-            before = merged.get(key)
-            if isinstance(value, int | float) and isinstance(before, int | float):
-                merged[key] = before + value
-            elif isinstance(value, dict) and isinstance(before, dict):
-                merged[key] = {**before, **value}
-            else:
-                merged[key] = value
-        return merged
-
-    store.update(conv_key("conv", tenant, conversation), merge, retention_s)
-    for kind, limit in (("req", 500), ("ev", 500)):
-        items = get_list(store, conv_key(kind, tenant, earlier))
-        if items:
-            if kind == "req":
-                items = [{**i, "conversation": conversation} for i in items]
-            store.extend(conv_key(kind, tenant, conversation), items, retention_s, limit)
-    # The row goes (its lists expire with their retention).
-    for kind in ("conv", "orig"):
-        store.delete(conv_key(kind, tenant, earlier))
-    index.remove(store, tenant, earlier, str(old.get("model") or ""))
-    return True
+    return nets
 
 
 def count_client_compaction(store: Store) -> None:

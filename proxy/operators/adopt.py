@@ -1,0 +1,55 @@
+"""A session's first ledger row joins the session (one dashboard row per session).
+
+A session's first request is recorded under the id it had before its first reply
+(``fingerprint.conversation_id``); when its second request names the session, that row is
+merged into the session's own and goes (``ledger.record_batch`` asks, per conversation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.adapters.store import Store, get_list
+from proxy.core.records import conv_key
+from proxy.operators import index
+
+
+def adopt(
+    store: Store, tenant: str, earlier: str, conversation: str, retention_s: float | None
+) -> bool:
+    """A session's first request was recorded under the id it had before its first reply:
+    when its second request names the session for the first time, that row becomes this
+    session's (one dashboard row per session). Sessions whose first requests were identical
+    share that first row; the first of them to continue takes it. True when it took it."""
+    current = store.get(conv_key("conv", tenant, conversation))
+    if isinstance(current, dict) and current.get("requests"):
+        return False  # this session's row exists already
+    old = store.get(conv_key("conv", tenant, earlier))
+    if not isinstance(old, dict):
+        return False
+
+    def merge(meta: Any) -> dict[str, Any]:
+        # A compaction may have been charged to the new id before its first request landed.
+        merged = {**old, "conversation": conversation}
+        for key, value in (meta if isinstance(meta, dict) else {}).items():
+            before = merged.get(key)
+            if isinstance(value, int | float) and isinstance(before, int | float):
+                merged[key] = before + value
+            elif isinstance(value, dict) and isinstance(before, dict):
+                merged[key] = {**before, **value}
+            else:
+                merged[key] = value
+        return merged
+
+    store.update(conv_key("conv", tenant, conversation), merge, retention_s)
+    for kind, limit in (("req", 500), ("ev", 500)):
+        items = get_list(store, conv_key(kind, tenant, earlier))
+        if items:
+            if kind == "req":
+                items = [{**i, "conversation": conversation} for i in items]
+            store.extend(conv_key(kind, tenant, conversation), items, retention_s, limit)
+    # The row goes (its lists expire with their retention).
+    for kind in ("conv", "orig"):
+        store.delete(conv_key(kind, tenant, earlier))
+    index.remove(store, tenant, earlier, str(old.get("model") or ""))
+    return True
