@@ -1,6 +1,6 @@
 """Net billed dollars of agent sessions replayed through the compaction core (issue #25).
 
-    python -m bench.economics [--smoke] [--runs DIR] [--json PATH]
+    python -m bench.economics [--smoke] [--runs DIR] [--json PATH] [--jobs N]
 
 Sessions: the synthetic 300-request agent session (``bench.agent_session``) and every recorded
 real agent run in ``tests/replay/runs/*.json`` (the neutral format; each replayed open loop in
@@ -11,7 +11,9 @@ scripted detector and summarizer of ``bench.agent_session``: ``extractive`` for 
 session, ``digits`` for the recorded runs) on a simulated clock (``now`` passed in): one
 request every ``STEP_S`` seconds, so the cache stays warm; the synthetic session runs a second
 time with a 10-minute break before each of its 20 user instructions (past both providers'
-TTLs: the cost policy's cache-cold path).
+TTLs: the cost policy's cache-cold path). Every session runs at the default trigger (24,000);
+a recorded run that never passes it runs at a stress trigger of 8,000 too, with the emergency
+bound at the model's context window rather than twice that artificial trigger.
 
 Each session is priced as billed with Anthropic's rules (``claude-sonnet-4-5``: reads 0.1x,
 writes 1.25x, 5-minute TTL) and with OpenAI's (``gpt-4o``: reads 0.5x, 128-token steps), with
@@ -42,6 +44,7 @@ import dataclasses
 import json
 import sys
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +64,8 @@ from proxy.operators import ledger
 
 Message = dict[str, Any]
 PROVIDERS = {"anthropic": "claude-sonnet-4-5", "openai": "gpt-4o"}
+DEFAULT_TRIGGER = CompactionSettings().trigger_tokens
+STRESS_TRIGGER = 8_000  # for the recorded runs that never pass the default trigger
 STEP_S = 20.0  # seconds between two requests of a session (an agent's tool round)
 CLIENT_COMPACTS_AT = 0.85  # share of the window at which the client compacts itself
 CLIENT_SUMMARY_TOKENS = 2000
@@ -287,30 +292,60 @@ def summary(r: Result) -> dict[str, Any]:
 
 
 def sessions(smoke: bool, runs: Path) -> list[tuple[Session, tuple[int, ...]]]:
-    """Each session with the triggers it runs at: the default, and for the recorded runs
-    (all under the default trigger) 8,000 too, so that their compactions are measured."""
+    """Each session with the triggers it runs at: the default, and for a recorded run that
+    never passes it ``STRESS_TRIGGER`` too, so that its compactions are measured. The smoke
+    run takes the smallest recorded run."""
     agent = synthetic(agent_session.SMOKE_REQUESTS if smoke else 300)
     breaks = dataclasses.replace(agent, name=f"{agent.name}, 10-minute breaks", break_s=600.0)
-    out = [(agent, (24_000,)), (breaks, (24_000,))]
-    for path in sorted(runs.glob("*.json"))[: 1 if smoke else None]:
-        out.append((recorded(path), (24_000, 8_000)))
+    out: list[tuple[Session, tuple[int, ...]]] = [
+        (agent, (DEFAULT_TRIGGER,)),
+        (breaks, (DEFAULT_TRIGGER,)),
+    ]
+    paths = sorted(runs.glob("*.json"))
+    if smoke:
+        paths = sorted(paths, key=lambda p: p.stat().st_size)[:1]
+    counter = TokenCounter()
+    for path in paths:
+        session = recorded(path)
+        peak = counter.count_total(session.requests[-1], PROVIDERS["openai"])
+        passes = peak > DEFAULT_TRIGGER
+        out.append((session, (DEFAULT_TRIGGER,) if passes else (DEFAULT_TRIGGER, STRESS_TRIGGER)))
     return out
 
 
+def settings_for(trigger: int, policy: str, provider: str) -> CompactionSettings:
+    """The defaults at ``trigger``. At the stress trigger the emergency bound is the model's
+    context window, not twice that artificial trigger: the stress trigger stands for a
+    deployment that compacts early on a large window, whose emergency bound (the default's
+    2 x 24,000 included) is nowhere near a 16,000-token request."""
+    if trigger >= DEFAULT_TRIGGER:
+        return CompactionSettings(trigger_tokens=trigger, policy=policy)  # type: ignore[arg-type]
+    window = context_window(PROVIDERS[provider]) or 2 * trigger
+    return CompactionSettings(trigger_tokens=trigger, policy=policy,  # type: ignore[arg-type]
+                              emergency_factor=window / trigger)  # fmt: skip
+
+
+def _cell(session: Session, trigger: int, provider: str, policy: str) -> dict[str, Any]:
+    settings = settings_for(trigger, policy, provider)
+    return summary(asyncio.run(replay(session, provider, settings, TokenCounter())))
+
+
 def run(smoke: bool = False, runs: Path = RUNS, policies: tuple[str, ...] = ("cost", "tokens"),
-        log: Any = sys.stderr) -> list[dict[str, Any]]:  # fmt: skip
-    counter = TokenCounter()
-    results = []
-    for session, triggers in sessions(smoke, runs):
-        for trigger in triggers:
-            for provider in PROVIDERS:
-                for policy in policies:
-                    settings = CompactionSettings(trigger_tokens=trigger, policy=policy)  # type: ignore[arg-type]
-                    s = summary(asyncio.run(replay(session, provider, settings, counter)))
-                    print(f"{s['session']} trigger {trigger} {provider} {policy}: "
-                          f"{s['vs_unchanged']:.3f}x unchanged, {s['vs_client']:.3f}x client",
-                          file=log)  # fmt: skip
-                    results.append(s)
+        log: Any = sys.stderr, jobs: int = 1) -> list[dict[str, Any]]:  # fmt: skip
+    """Every cell (session, trigger, provider, policy), in ``jobs`` processes (each cell is
+    independent and deterministic: the order of the rows does not depend on ``jobs``)."""
+    cells = [(session, trigger, provider, policy)
+             for session, triggers in sessions(smoke, runs) for trigger in triggers
+             for provider in PROVIDERS for policy in policies]  # fmt: skip
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            results = list(pool.map(_cell, *zip(*cells, strict=True)))
+    else:
+        results = [_cell(*cell) for cell in cells]
+    for s in results:
+        print(f"{s['session']} trigger {s['trigger']} {s['provider']} {s['policy']}: "
+              f"{s['vs_unchanged']:.3f}x unchanged, {s['vs_client']:.3f}x client",
+              file=log)  # fmt: skip
     return results
 
 
@@ -383,8 +418,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=Path, default=RUNS, help="the recorded runs' folder")
     parser.add_argument("--policy", action="append", choices=["cost", "tokens"])
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
+    parser.add_argument("--jobs", type=int, default=1, help="cells run in this many processes")
     args = parser.parse_args(argv)
-    results = run(args.smoke, args.runs, tuple(args.policy or ("cost", "tokens")))
+    results = run(args.smoke, args.runs, tuple(args.policy or ("cost", "tokens")),
+                  jobs=args.jobs)  # fmt: skip
     print(markdown(results) + "\n\n" + aims_markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -13,14 +13,15 @@ SUMMARY_PREFIX = "[History Summary - "
 # The compaction settings the process tests share: small enough that a 30-40 turn scripted
 # conversation compacts several times. At a trigger this low a compaction cannot leave half
 # the trigger (the pinned task and two exchanges are more) and never pays for its calls, so
-# the money rules of #25 (compact_to_share, the cost policy) would refuse most of them: these
-# tests exercise the mechanics of compaction, with those rules off; tests/test_economics.py
-# exercises the rules.
+# the money rules of #25 (compact_to_share, the spacing of timing.too_soon, the cost policy)
+# would refuse most of them: these tests exercise the mechanics of compaction, with those
+# rules off; tests/test_economics.py exercises the rules.
 LOW_TRIGGER: dict[str, Any] = {
     "trigger_tokens": 4000,
     "verbatim_window_tokens": 1200,
     "summary_budget_tokens": 300,
     "compact_to_share": 1.0,
+    "min_requests_between_compactions": 0,
     "policy": "tokens",
 }
 INLINE = {**LOW_TRIGGER, "mode": "inline"}

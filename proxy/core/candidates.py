@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from proxy.core import anchors, behaviour, layout, lossreport, pins, planner, prune, references
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
-from proxy.core.records import CompactionRecord
+from proxy.core.records import LLM_CASES, CompactionRecord, llm_request_len
 from proxy.core.types import Case, CaseName
 from proxy.core.view import reviewed
 
@@ -148,6 +148,7 @@ def record_for(
         unpinned=pin_lines(None, found.oversized if found else {}, p.origins),
         anchors=anchored.to_json() if anchored else {},
         request_len=len(p.original),
+        llm_request_len=len(p.original) if case in LLM_CASES else llm_request_len(p.record),
     )
 
 

@@ -98,6 +98,12 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
         plan = widened(env, p, plan)
         if plan is None:
             return nothing(TOO_SHALLOW)
+    else:
+        # Forced: as near the target as the legal cuts allow (the latest one at worst, which
+        # keeps min_verbatim_exchanges). Keeping the whole verbatim window instead left the
+        # history near the trigger, and the hard limit forced the next one a request or two
+        # later (a treadmill at the bound).
+        plan = widened(env, p, plan) or planner.at_latest_cut(plan)
     offset, window = detector.detector_window(fwd, plan.body_start, s.detector_window_messages)
     detection = detector.SAFE_DEFAULT
     spent = Spent()

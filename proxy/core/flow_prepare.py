@@ -187,10 +187,11 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
 
     def decide(p: Prepared) -> Prepared:
         t = judge(env, p, state.meta, req.now)
+        soon = timing.too_soon(s, p.original, p.original_counts, p.record)
         decision = planner.decide(
             p.forwarded_tokens, s, context_window=window, bypass=bypass,
             cooling_down=state.cooling, pays=t.pays, cold=t.cold, hold_reason=t.reason,
-            shadow=controls.shadow, skip_reason=controls.skip,
+            shadow=controls.shadow, skip_reason=controls.skip, too_soon=soon,
         )  # fmt: skip
         return p.but(decision=decision)
 
@@ -214,7 +215,7 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         d = p.decision
         llm_next = d.action in ("background", "inline") and d.use_llm
         pruned = yield from _work(req, _pruned, env, p, s.prune_clear_at_least, llm_next)
-        if pruned.record is not None and d.reason.startswith(planner.HOLD):
+        if pruned.record is not None and d.reason.startswith((planner.HOLD, planner.TREADMILL)):
             # The summary tier would not pay now; a pruning (no LLM call) may on its own.
             after = pruned.record.tokens_after
             if not judge(env, p, state.meta, req.now, after=after, llm=False).pays:
@@ -261,11 +262,9 @@ def judge(
 ) -> timing.Timing:
     """``policy: cost``: whether compacting ``p`` now pays, given the conversation's ledger
     row (``meta``) and the time (``timing.judge``)."""
-    record = p.record
     return timing.judge(
         env.settings, p.model, forwarded_tokens=p.forwarded_tokens,
         head_tokens=sum(p.forwarded_counts[: p.head_len]), meta=meta, now=now,
-        record=record.prefix_hash if record else None, record_case=record.case if record else None,
         after=after, llm=llm, llm_model=env.settings.summary_model,
     )  # fmt: skip
 

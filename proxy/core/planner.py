@@ -16,6 +16,7 @@ from proxy.core.types import Case, CaseName
 
 Action = Literal["forward", "background", "inline"]
 HOLD = "cost policy: "  # a decision held back because compacting now would not pay
+TREADMILL = "no treadmill: "  # held back because the last LLM compaction is too recent
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,10 @@ def decide(
     skip_reason: str | None = None,
     cold: bool = False,
     hold_reason: str | None = None,
+    too_soon: str | None = None,
 ) -> Decision:
-    """The one compaction decision, used by every route and by the hook.
+    """The one compaction decision, used by every route and by the hook. ``too_soon``: why
+    the last LLM compaction is too recent for another (``timing.too_soon``), any policy.
 
     In shadow mode nothing is forwarded changed, so nothing is worth making the client wait
     for: what would be inline work runs in the background.
@@ -64,6 +67,7 @@ def decide(
         pays=pays,
         cold=cold,
         hold_reason=hold_reason,
+        too_soon=too_soon,
     )
     if shadow and decision.action == "inline":
         return Decision(
@@ -84,6 +88,7 @@ def _decide(
     pays: bool,
     cold: bool = False,
     hold_reason: str | None = None,
+    too_soon: str | None = None,
 ) -> Decision:
     if not settings.enabled:
         return Decision("forward", "compaction disabled", use_llm=False)
@@ -101,6 +106,8 @@ def _decide(
         return Decision("inline", why, use_llm=not cooling_down, limit_tokens=limit)
     if cooling_down:
         return Decision("forward", "cooling down after a failed compaction", use_llm=False)
+    if too_soon:
+        return Decision("forward", f"{TREADMILL}{too_soon}", use_llm=False)
     if not pays:
         why = hold_reason or "compacting would not pay yet"
         return Decision("forward", f"{HOLD}{why}", use_llm=False)
@@ -266,6 +273,11 @@ def widen(
                     return plan
                 return CutPlan(plan.head_len, plan.body_start, c, plan.latest_cut, plan.cuts)
     return None
+
+
+def at_latest_cut(plan: CutPlan) -> CutPlan:
+    """``plan`` keeping as little verbatim as it may: its latest legal cut."""
+    return CutPlan(plan.head_len, plan.body_start, plan.latest_cut, plan.latest_cut, plan.cuts)
 
 
 def target_tokens(settings: CompactionSettings) -> int:

@@ -66,6 +66,10 @@ class CompactionRecord:
     # The span's anchors by category and fate, and the dropped ones (anchors.AnchorReport).
     anchors: dict[str, Any] = field(default_factory=dict)
     request_len: int = 0  # messages in the request it was made for: what came later is new
+    # The same for the last LLM compaction (summary or truncation) this record carries on
+    # (a pruning or emergency cut keeps its predecessor's): the no-treadmill rule measures
+    # the requests and growth since then. 0: none, or a record stored before this field.
+    llm_request_len: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,6 +95,18 @@ class CompactionRecord:
         if record.case not in COMPACTION_CASES:
             return None
         return record
+
+
+LLM_CASES = ("summarize", "truncate")  # the compactions that call the detector and summarizer
+
+
+def llm_request_len(record: CompactionRecord | None) -> int:
+    """Messages in the request of the last LLM compaction ``record`` carries on (0: none)."""
+    if record is None:
+        return 0
+    if record.llm_request_len:
+        return record.llm_request_len
+    return record.request_len if record.case in LLM_CASES else 0
 
 
 def _valid_prefix(prefix: Any, k: int) -> bool:

@@ -12,16 +12,19 @@ conversation; nothing in this module reads a clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from proxy.core import billing
+from proxy.core.messages import Message
+from proxy.core.records import CompactionRecord, llm_request_len
 from proxy.core.settings import CompactionSettings
-from proxy.core.types import Case
 
 # A summary costs about its transcript and the detector's window in input tokens; the
 # detector reads at most this many tokens (its window of messages, each cut to ~250 tokens).
 _PROMPT_TOKENS = 1000
+HORIZON_DIVISOR = 9  # n requests so far: n/9 more expected (90% confidence, see ``judge``)
 
 
 @dataclass(frozen=True)
@@ -47,12 +50,33 @@ def idle_seconds(meta: Any, now: float | None) -> float | None:
     return max(now - float(last), 0.0) if isinstance(last, int | float) else None
 
 
-def requests_with(meta: Any, record: str | None) -> int | None:
-    """Requests forwarded with the compaction ``record`` in effect so far (None: unknown)."""
-    if record is None or not isinstance(meta, dict):
-        return None
-    per = (meta.get("by_compaction") or {}).get(record)
-    return int(per.get("requests", 0)) if isinstance(per, dict) else 0
+def too_soon(
+    s: CompactionSettings,
+    original: Sequence[Message],
+    original_counts: Sequence[int],
+    record: CompactionRecord | None,
+) -> str | None:
+    """No treadmill, whatever the policy: why an optional LLM compaction must wait (None: it
+    need not). The last one (in the record in effect, or the one it carries on) must be
+    ``min_requests_between_compactions`` requests old, and the client's history must have
+    grown by a trigger's worth since: then each LLM compaction pays for one trigger of growth
+    at most, however large each request is. The hard limit overrides this (``planner``);
+    ``min_requests_between_compactions: 0`` turns it off."""
+    if s.min_requests_between_compactions <= 0:
+        return None  # configured off (tests of the mechanics at tiny triggers)
+    since = llm_request_len(record)
+    if since <= 0 or since > len(original):
+        return None  # none yet, or the client's own history shrank: a new start
+    requests = sum(1 for m in original[since:] if m.get("role") == "assistant")
+    if requests < s.min_requests_between_compactions:
+        return f"the last LLM compaction was {requests} requests ago"
+    growth = sum(original_counts[since:])
+    if growth < s.trigger_tokens:
+        return (
+            f"the history grew {growth} tokens since the last LLM compaction, "
+            f"less than the trigger ({s.trigger_tokens})"
+        )
+    return None
 
 
 def expected_after(s: CompactionSettings, head_tokens: int, forwarded_tokens: int) -> int:
@@ -70,8 +94,6 @@ def judge(
     head_tokens: int,
     meta: Any,
     now: float | None,
-    record: str | None = None,
-    record_case: str | None = None,
     after: int | None = None,
     llm: bool = True,
     llm_model: str | None = None,
@@ -80,28 +102,26 @@ def judge(
 
     ``after``: what the compaction leaves when known (a pruning built already), else the
     expectation of an LLM compaction; ``llm``: whether detector and summarizer calls are
-    part of it. ``meta``: the ledger's row of the conversation (requests, ``last_seen``, the
-    requests per compaction), ``record``: the compaction in effect and its ``record_case``.
+    part of it. ``meta``: the ledger's row of the conversation (requests, ``last_seen``).
     """
     if s.policy != "cost" or forwarded_tokens <= s.trigger_tokens:
         return ALWAYS
     meta = meta if isinstance(meta, dict) else {}
     rules = billing.rules_for(model, s)
     idle = idle_seconds(meta, now)
-    if llm and record_case in (Case.SUMMARIZE, Case.TRUNCATE):
-        since = requests_with(meta, record)
-        if since is not None and since < s.min_requests_between_compactions:
-            return Timing(
-                False, reason=f"no treadmill: the last compaction was {since} requests ago"
-            )
     cold = idle is not None and not billing.warm(rules, idle)
     remaining = after if after is not None else expected_after(s, head_tokens, forwarded_tokens)
     span = max(forwarded_tokens - remaining, 0)
     window = s.detector_window_messages * s.detector_chars_per_message // 4
     llm_in = span + min(forwarded_tokens, window) + 2 * _PROMPT_TOKENS if llm else 0
     llm_out = s.summary_budget_tokens + 200 if llm else 0
-    # The next ones: about as many as there have been, within the configured horizon.
-    horizon = max(1, min(int(meta.get("requests") or 1), s.cost_horizon_requests))
+    # The next ones, conservatively: if now is a uniform point of a session's life, one that
+    # has lasted n requests lasts at least n/9 more with 90% confidence; at most the configured
+    # horizon. Expecting n more (the median) or n/3 (75%) still compacted recorded sessions
+    # that ended a few requests later, at a loss (replay, docs/benchmarks.md section 9).
+    horizon = max(
+        1, min(int(meta.get("requests") or 1) // HORIZON_DIVISOR, s.cost_horizon_requests)
+    )
     found = billing.forecast(
         billing.prices_for(model),
         rules,

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from proxy.core import billing
 from proxy.core.modelmap import model_info
-from proxy.core.planner import HOLD, Decision
+from proxy.core.planner import HOLD, TREADMILL, Decision
 from proxy.core.records import CompactionRecord
 from proxy.core.types import SKIPPED_CASES, CaseName
 
@@ -186,9 +186,9 @@ def held_reason(prepared: PreparedView) -> str | None:
         return "failing"
     if reason.startswith("over trigger"):
         return "pending"
+    if reason.startswith(TREADMILL):
+        return "treadmill"
     if reason.startswith(HOLD):
-        if "treadmill" in reason:
-            return "treadmill"
         return "cache" if "cache" in reason else "policy"
     return "nothing_to_cut"
 
