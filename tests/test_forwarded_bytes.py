@@ -31,6 +31,8 @@ from tests.replay.shapes import route_of, steps
 from tests.test_replay_runs import MODELS, replays, send
 from tests.upstream import ScriptedUpstream
 
+pytestmark = pytest.mark.slow  # real processes, every replayed run twice (~9 min when busy)
+
 EXPECTED = Path(__file__).parent / "replay" / "forwarded.json"
 SETTINGS: dict[str, dict[str, Any]] = {
     "inline, low trigger": INLINE,
