@@ -11,7 +11,7 @@ last history to a budget no smaller than ours:
 - *drop the middle*: the head, then the oldest and newest messages, half the budget each;
 - *observation masking*: every message kept, tool results older than the newest K replaced
   by a placeholder (what the providers' own context editing does), K the largest that fits;
-  when even K = 0 does not fit, its budget is larger than ours (reported).
+  when even K = 0 does not fit, the masked history's middle is dropped to the budget as above.
 An anchor (``proxy.core.anchors``: artifact trail, recall, decisions, continuation, taken
 from the whole history) counts as kept when its string is in the rendered request.
 
@@ -116,7 +116,15 @@ def observation_masking(
         old = set(tools[: len(tools) - keep])
         total = sum(masked_tokens if i in old else c for i, c in enumerate(counts))
         if total <= budget or keep == 0:
-            return [{**m, "content": MASK} if i in old else m for i, m in enumerate(messages)]
+            masked = [{**m, "content": MASK} if i in old else m for i, m in enumerate(messages)]
+            if total <= budget:
+                return masked
+            # Even with every result masked the history is over the budget: a client using
+            # the providers' context editing would still have to cut it, so the middle goes
+            # (the same cut as the drop-the-middle baseline), keeping the comparison at an
+            # equal budget rather than crediting masking with tokens we did not spend.
+            masked_counts = [masked_tokens if i in old else c for i, c in enumerate(counts)]
+            return drop_the_middle(masked, masked_counts, budget)
     return list(messages)
 
 

@@ -1,4 +1,4 @@
-"""#26 acceptance on the replayed real runs (``tests/replay/runs``, through the compaction core
+"""#26 acceptance on every replayed real run (``tests/replay/runs``, through the compaction core
 in process; ``eval.anchor_eval``): with the scripted ``structured`` summarizer at a 6,000-token
 trigger, the artifact trail and recall we forward are at least observation masking's, at a
 forwarded budget no larger than its, on every run; and every run really compacts (under the
@@ -12,7 +12,7 @@ from eval import anchor_eval
 
 def test_on_every_replayed_run_we_keep_the_artifact_trail_and_recall_of_masking() -> None:
     runs = anchor_eval.corpus()
-    assert len(runs) == 6
+    assert len(runs) >= 6
     for name, msgs in runs:
         result = anchor_eval.evaluate(name, msgs, "structured", 6000)
         ours = result["methods"]["proxy"]
