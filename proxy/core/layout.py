@@ -97,6 +97,10 @@ def turn_opener(messages: Sequence[Message], cut: int, lower: int) -> int | None
     return None
 
 
+def _opens_turn(message: Message) -> bool:
+    return message.get("role") == "user" and not tool_results(message)
+
+
 def replaced(
     view: View,
     head_len: int,
@@ -106,19 +110,24 @@ def replaced(
     summary: Message | None,
 ) -> Layout:
     """Summarize, truncate or drop ``[head_len, cut)``: the head, earlier pins and the pins of
-    the span stay in place (in order), then the new summary or note, then the rest verbatim.
+    the span stay in place (in order), then the new summary or note, then the rounds the loop
+    breaker keeps, then the rest verbatim.
     (A pin that then leads a /v1/messages body, a system message the client sent after a
     turn no longer forwarded, is put after the first user turn by the surface.)"""
     old_summary = summary_position(view)
     entries: list[Entry] = []
     kept: list[int] = []
     added: list[Message] = []
+    rounds: list[int] = []
     for i in range(cut):
         if i < head_len or (i < body_start and i != old_summary) or (i >= body_start and i in pins):
             # A pin's tool results go with their calls (summarized away); a round the loop
             # breaker keeps is pinned whole, its results with it.
             whole = pins.reasons.get(i, "").startswith(ROUND_PIN)
-            if i >= body_start and tool_results(view.messages[i]) and not whole:
+            if i >= body_start and whole:
+                rounds.append(i)
+                continue
+            if i >= body_start and tool_results(view.messages[i]):
                 stripped = without_tool_results(view.messages[i])
                 if stripped is not None:
                     entries.append(stripped)
@@ -129,6 +138,14 @@ def replaced(
     if summary is not None:
         entries.append(summary)
         added.append(summary)
+    # Rounds the loop breaker keeps go after the summary (a user message): before it, with no
+    # pinned user turn ahead (a task too large to pin), an assistant turn would open the body,
+    # which /v1/messages refuses. After the summary they also fall in the next record's body,
+    # so they are released when the breaker's hold ends. With no summary and no user turn
+    # ahead they cannot be placed: they go with the rest of the cut.
+    if rounds and (summary is not None or any(_opens_turn(view.messages[i]) for i in kept)):
+        entries.extend(view.entry(i) for i in rounds)
+        kept.extend(rounds)
     end = max(cut, view.prefix_len)
     for i in range(cut, end):
         entries.append(view.entry(i))
