@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from proxy.engine.spans import Backend, Root, provider_name
+from proxy.engine.spans import Backend, Root, child_headers, provider_name
 
 log = logging.getLogger("compaction_proxy.tracing")
 
@@ -73,11 +73,7 @@ class RelayTrace:
             if self.upstream_id is None:
                 self.upstream_id = self.backend.new_span_id()
                 self.upstream_ns = time.time_ns()
-            flags = "01" if root.sampled else "00"
-            headers = {"traceparent": f"00-{root.trace_id:032x}-{self.upstream_id:016x}-{flags}"}
-            if root.tracestate:
-                headers["tracestate"] = root.tracestate
-            return headers
+            return child_headers(root, self.upstream_id)
         except Exception:
             log.warning("could not start a relayed request's upstream span", exc_info=True)
             return {}

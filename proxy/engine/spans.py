@@ -97,6 +97,16 @@ def provider_name(route: str, model: str) -> str:
     return "openai" if family == "other" else family
 
 
+def child_headers(root: Root, span_id: int) -> dict[str, str]:
+    """The W3C ``traceparent`` (and ``tracestate``) naming span ``span_id`` of ``root``'s
+    trace as the parent of the request it goes with."""
+    flags = "01" if root.sampled else "00"
+    headers = {"traceparent": f"00-{root.trace_id:032x}-{span_id:016x}-{flags}"}
+    if root.tracestate:
+        headers["tracestate"] = root.tracestate
+    return headers
+
+
 def now_ns_at(perf: float) -> int:
     """The wall clock (ns) at ``perf`` (a ``time.perf_counter()`` reading)."""
     return time.time_ns() - int((time.perf_counter() - perf) * 1e9)
@@ -149,11 +159,7 @@ class RequestTrace:
             if self.upstream_id is None:
                 self.upstream_id = self.tracer.backend.new_span_id()
                 self.upstream_ns = time.time_ns()
-            flags = "01" if root.sampled else "00"
-            headers = {"traceparent": f"00-{root.trace_id:032x}-{self.upstream_id:016x}-{flags}"}
-            if root.tracestate:
-                headers["tracestate"] = root.tracestate
-            return headers
+            return child_headers(root, self.upstream_id)
         except Exception:
             log.warning("could not start the upstream span", exc_info=True)
             return {}
