@@ -48,6 +48,15 @@ def test_calls_repeating_a_cleared_result_are_counted_once_each() -> None:
     assert behaviour.observe(HISTORY, PRUNED).repeated_calls == 0
 
 
+def test_a_result_answers_the_last_call_issued_before_it_with_its_id() -> None:
+    """Agents that number calls per turn reuse ids ("call_1" every turn): a result is read
+    as the answer to the call just before it, not to a later call with the same id."""
+    later = [*HISTORY, *read(3, "src/a.py"), *read(3, "src/q.py")]  # id 3 twice
+    seen = behaviour.observe(later, PRUNED)
+    assert seen.repeated == ["read_file(path=src/a.py)"] and seen.repeated_calls == 1
+    # Read the other way (each id's last call), both results would be q.py's: no repeat.
+
+
 def test_a_result_forwarded_in_place_is_not_cleared() -> None:
     kept_b = CompactionRecord(**{**PRUNED.to_json(), "prefix": [0, 1, 2, {"role": "tool",
                                  "content": "[cleared]"}, 4, 5]})  # fmt: skip

@@ -76,7 +76,8 @@ class PrunePlan:
         return max(self.replacements) + 1 if self.replacements else 0
 
 
-def _arguments(raw: Any) -> Any:
+def arguments_of(raw: Any) -> Any:
+    """A call's arguments parsed (OpenAI sends them as a JSON string; kept as is if not)."""
     if isinstance(raw, str):
         try:
             return orjson.loads(raw)
@@ -92,7 +93,7 @@ def _calls(messages: Sequence[Message]) -> dict[str, tuple[str, Any]]:
         for call in m.get("tool_calls") or []:
             if isinstance(call, dict) and isinstance(call.get("id"), str):
                 fn = call.get("function") or {}
-                calls[call["id"]] = (str(fn.get("name", "?")), _arguments(fn.get("arguments")))
+                calls[call["id"]] = (str(fn.get("name", "?")), arguments_of(fn.get("arguments")))
         content = m.get("content")
         if isinstance(content, list):
             for b in content:
