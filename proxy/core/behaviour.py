@@ -121,20 +121,6 @@ def _issued(m: Message) -> list[tuple[str, Call]]:
     return out
 
 
-def _answered(m: Message) -> list[str]:
-    """The call ids a message answers (a ``tool`` message, or ``tool_result`` blocks)."""
-    if m.get("role") == "tool":
-        return [str(m.get("tool_call_id"))]
-    content = m.get("content")
-    if m.get("role") != "user" or not isinstance(content, list):
-        return []
-    return [
-        str(b.get("tool_use_id"))
-        for b in content
-        if isinstance(b, dict) and b.get("type") == "tool_result"
-    ]
-
-
 def _identity_of(call: Call | None) -> tuple[str, str]:
     if call is None:
         return "?", identity("?", None)
@@ -168,7 +154,7 @@ def observe(messages: Sequence[Message], record: CompactionRecord) -> Behaviour:
             continue
         if role == "user" and not (tool_results(m) and _only_results(m)):
             counts[1] += 1
-        answered = _answered(m) if role in ("tool", "user") else []
+        answered = tool_results(m) if role in ("tool", "user") else []
         if i < k and i not in in_place:
             early.extend(calls.get(c) for c in answered)
         if i >= since:
