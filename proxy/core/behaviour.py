@@ -103,25 +103,7 @@ def _only_results(message: Message) -> bool:
     )
 
 
-Call = tuple[str, Any, bool]  # tool name, arguments as sent, whether they are a JSON string
-
-
-def _issued(m: Message) -> list[tuple[str, Call]]:
-    """The calls an assistant message issues: (id, call), arguments not yet parsed."""
-    out: list[tuple[str, Call]] = []
-    for call in m.get("tool_calls") or []:
-        if isinstance(call, dict) and isinstance(call.get("id"), str):
-            fn = call.get("function") or {}
-            out.append((call["id"], (str(fn.get("name", "?")), fn.get("arguments"), True)))
-    content = m.get("content")
-    if isinstance(content, list):
-        for b in content:
-            if isinstance(b, dict) and b.get("type") == "tool_use" and "id" in b:
-                out.append((str(b["id"]), (str(b.get("name", "?")), b.get("input"), False)))
-    return out
-
-
-def _identity_of(call: Call | None) -> tuple[str, str]:
+def _identity_of(call: prune.Call | None) -> tuple[str, str]:
     if call is None:
         return "?", identity("?", None)
     name, raw, encoded = call
@@ -141,16 +123,16 @@ def observe(messages: Sequence[Message], record: CompactionRecord) -> Behaviour:
     in_place = {e for e in entries(record) if isinstance(e, int)}
     k = record.k
     since = record.request_len or k
-    calls: dict[str, Call] = {}
-    early: list[Call | None] = []  # the calls of results before k that it no longer forwards
-    late: list[Call | None] = []  # the calls of results from ``since`` on
+    calls: dict[str, prune.Call] = {}
+    early: list[prune.Call | None] = []  # the calls of results before k that it no longer forwards
+    late: list[prune.Call | None] = []  # the calls of results from ``since`` on
     before, after = [0, 0], [0, 0]
     for i, m in enumerate(messages):
         role = m.get("role")
         counts = before if i < since else after
         if role == "assistant":
             counts[0] += 1
-            calls.update(_issued(m))
+            calls.update(prune.issued(m))
             continue
         if role == "user" and not (tool_results(m) and _only_results(m)):
             counts[1] += 1

@@ -86,20 +86,32 @@ def arguments_of(raw: Any) -> Any:
     return raw
 
 
+Call = tuple[str, Any, bool]  # tool name, arguments as sent, whether they are a JSON string
+
+
+def issued(m: Message) -> list[tuple[str, Call]]:
+    """The calls a message issues, (id, call), their arguments not parsed yet (OpenAI
+    ``tool_calls`` or Anthropic ``tool_use`` blocks)."""
+    out: list[tuple[str, Call]] = []
+    for call in m.get("tool_calls") or []:
+        if isinstance(call, dict) and isinstance(call.get("id"), str):
+            fn = call.get("function") or {}
+            out.append((call["id"], (str(fn.get("name", "?")), fn.get("arguments"), True)))
+    content = m.get("content")
+    if isinstance(content, list):
+        for b in content:
+            if isinstance(b, dict) and b.get("type") == "tool_use" and "id" in b:
+                out.append((str(b["id"]), (str(b.get("name", "?")), b.get("input"), False)))
+    return out
+
+
 def _calls(messages: Sequence[Message]) -> dict[str, tuple[str, Any]]:
     """Every call id issued in ``messages`` -> (tool name, parsed arguments)."""
-    calls: dict[str, tuple[str, Any]] = {}
-    for m in messages:
-        for call in m.get("tool_calls") or []:
-            if isinstance(call, dict) and isinstance(call.get("id"), str):
-                fn = call.get("function") or {}
-                calls[call["id"]] = (str(fn.get("name", "?")), arguments_of(fn.get("arguments")))
-        content = m.get("content")
-        if isinstance(content, list):
-            for b in content:
-                if isinstance(b, dict) and b.get("type") == "tool_use" and "id" in b:
-                    calls[str(b["id"])] = (str(b.get("name", "?")), b.get("input"))
-    return calls
+    return {
+        call_id: (name, arguments_of(raw) if encoded else raw)
+        for m in messages
+        for call_id, (name, raw, encoded) in issued(m)
+    }
 
 
 def _text(content: Any) -> str:
