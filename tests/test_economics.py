@@ -234,6 +234,43 @@ async def test_large_requests_one_llm_compaction_per_trigger_of_growth(
         assert len(made) >= 3 and not any(forced for _, _, forced in made), made
 
 
+async def test_pins_above_the_share_do_not_hold_every_compaction_to_the_bound(
+    tmp_path: Path,
+) -> None:
+    # A head larger than compact_to_share of the trigger (a long system prompt; the loop
+    # breaker's kept rounds did the same in test_agent_loop): no cut ever reaches the share.
+    # Refusing every optional compaction then let the history grow to the emergency bound
+    # before each one. Now an optional one runs once it frees the distance from the trigger
+    # to the share (planner.relaxed_target), and a pruning short of room is not deferred to
+    # a summary tier that cannot go.
+    settings = CompactionSettings(trigger_tokens=3000, verbatim_window_tokens=600,
+                                  summary_budget_tokens=200, prune=False, mode="inline",
+                                  policy="tokens", min_requests_between_compactions=0)  # fmt: skip
+    store = DiskStore(tmp_path)
+    llm = ScriptedLLM()
+    engine = Compactor(settings, store, llm, Prompts("d", "s"))
+    head = "Rules of this project. " + "Always keep the public API stable. " * 260
+    msgs = [{"role": "system", "content": head}, *history(40, words=60)[1:]]
+    assert _counter.count_total(msgs[:1], GPT) > settings.trigger_tokens * 0.6
+    share = int(settings.trigger_tokens * settings.compact_to_share)
+    made: list[tuple[int, int, int]] = []
+    for n in range(3, len(msgs) + 1, 2):
+        before = llm.summaries
+        p = await engine.prepare(msgs[:n], model=GPT, tenant="t", now=20.0 * n)
+        assert p.forwarded_tokens <= settings.emergency_tokens, "held to the emergency bound"
+        if llm.summaries > before:
+            assert p.record is not None and p.decision.reason.endswith("(inline mode)"), p
+            made.append((n, p.record.tokens_before, p.record.tokens_after))
+    store.close()
+    assert len(made) >= 3, made
+    for n, before, after in made:
+        assert after > share  # the head alone is over the share
+        # Each frees at least the trigger-to-share distance (no treadmill) and lands under
+        # the trigger.
+        assert before - after >= settings.trigger_tokens - share, (n, before, after)
+        assert after < settings.trigger_tokens, (n, before, after)
+
+
 # ---- over the window: kept, not saved ----------------------------------------------------
 
 

@@ -32,7 +32,8 @@ def verdict(env: Env, p: Prepared, outcome: Outcome, *, llm_next: bool = False) 
       pruning is a round or two away, and each one breaks the cached prefix; one deeper
       break by the summary tier is cheaper.
     - No treadmill: an optional summary or truncation (under the hard limit) must leave at
-      most ``compact_to_share`` of the trigger.
+      most ``compact_to_share`` of the trigger, or ``planner.relaxed_target`` when pins keep
+      more (``widened`` tried the share first).
     """
     record = outcome.record
     if record is None:
@@ -43,7 +44,7 @@ def verdict(env: Env, p: Prepared, outcome: Outcome, *, llm_next: bool = False) 
         return nothing(f"{record.case} would not reduce tokens")
     s = env.settings
     optional = not planner.over_limit(p.forwarded_tokens, p.decision)
-    target = planner.target_tokens(s)
+    target = planner.relaxed_target(s, p.forwarded_tokens)
     if record.case in (Case.SUMMARIZE, Case.TRUNCATE) and optional and record.tokens_after > target:
         return nothing(f"{record.case} would leave {record.tokens_after} tokens (target {target})")
     room = s.trigger_tokens - s.prune_clear_at_least
@@ -74,6 +75,44 @@ def pins_for(env: Env, p: Prepared, start: int, cut: int) -> pins.Pins:
     for i, why in kept.items():
         found = pins.with_pin(found, i, why)
     return found
+
+
+def widened(
+    env: Env, p: Prepared, plan: planner.CutPlan, *, relax: bool = False
+) -> planner.CutPlan | None:
+    """``plan`` with a cut late enough that the result is at most ``compact_to_share`` of the
+    trigger (``planner.widen``), counting the head, the pins and a full summary with its key
+    references; with ``relax`` (an optional compaction), at most ``planner.relaxed_target``
+    when no cut reaches the share. None when no legal cut gets there (no LLM call is made)."""
+    s = env.settings
+    counts = p.forwarded_counts
+    body, earlier_at = p.body_start()
+    found = pins_for(env, p, body, plan.latest_cut)
+    kept = [0] * (len(counts) + 1)
+    for i in range(len(counts)):
+        stays = i < p.head_len or (body <= i and i in found)
+        kept[i + 1] = kept[i] + (counts[i] if stays else 0)
+    note = s.summary_budget_tokens + s.key_references_max_chars // 4 + 40
+    if earlier_at is not None:
+        # The next summary carries the earlier one's references (their budget grows with
+        # the span and never sheds what was carried): at least its size.
+        note = max(note, counts[earlier_at])
+    share = planner.target_tokens(s)
+    widest = planner.widen(plan, counts, kept, note, share)
+    relaxed = planner.relaxed_target(s, p.forwarded_tokens)
+    if widest is None and relax and relaxed > share:
+        widest = planner.widen(plan, counts, kept, note, relaxed)
+    return widest
+
+
+def llm_can_go(env: Env, p: Prepared) -> bool:
+    """Whether the summary tier could compact ``p`` now (decision aside): over the hard limit
+    it must; under it only a cut that meets the no-treadmill target (``widened``) goes."""
+    if planner.over_limit(p.forwarded_tokens, p.decision):
+        return True
+    body, _ = p.body_start()
+    plan = planner.plan_cut(p.forwarded, p.forwarded_counts, p.head_len, env.settings, body)
+    return plan is not None and widened(env, p, plan, relax=True) is not None
 
 
 def pruning(env: Env, p: Prepared, *, at_least: int) -> Outcome:

@@ -95,7 +95,7 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
     if plan is None:
         return nothing(NOTHING_TO_CUT)
     if not planner.over_limit(p.forwarded_tokens, p.decision):
-        plan = widened(env, p, plan)
+        plan = candidates.widened(env, p, plan, relax=True)
         if plan is None:
             return nothing(TOO_SHALLOW)
     else:
@@ -103,7 +103,7 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
         # keeps min_verbatim_exchanges). Keeping the whole verbatim window instead left the
         # history near the trigger, and the hard limit forced the next one a request or two
         # later (a treadmill at the bound).
-        plan = widened(env, p, plan) or planner.at_latest_cut(plan)
+        plan = candidates.widened(env, p, plan) or planner.at_latest_cut(plan)
     offset, window = detector.detector_window(fwd, plan.body_start, s.detector_window_messages)
     detection = detector.SAFE_DEFAULT
     spent = Spent()
@@ -171,22 +171,6 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
         llm_tokens=spent.tokens, llm_usd=spent.usd,
     )  # fmt: skip
     return candidates.verdict(env, p, built)
-
-
-def widened(env: Env, p: Prepared, plan: planner.CutPlan) -> planner.CutPlan | None:
-    """``plan`` with a cut late enough that the result is at most ``compact_to_share`` of the
-    trigger (``planner.widen``), counting the head, the pins and a full summary with its key
-    references; None when no legal cut gets there (then no LLM call is made)."""
-    s = env.settings
-    counts = p.forwarded_counts
-    body, _ = p.body_start()
-    found = candidates.pins_for(env, p, body, plan.latest_cut)
-    kept = [0] * (len(counts) + 1)
-    for i in range(len(counts)):
-        stays = i < p.head_len or (body <= i and i in found)
-        kept[i + 1] = kept[i] + (counts[i] if stays else 0)
-    note = s.summary_budget_tokens + s.key_references_max_chars // 4 + 40
-    return planner.widen(plan, counts, kept, note, planner.target_tokens(s))
 
 
 class Spent:

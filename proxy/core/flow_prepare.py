@@ -248,6 +248,10 @@ def _work(req: Request, fn: Callable[..., T], *args: Any) -> Flow[T]:
 def _pruned(env: Env, p: Prepared, at_least: int, llm_next: bool) -> Outcome:
     """The pruning tier's verdict (its loss report reads the whole pruned span)."""
     pruning = candidates.pruning(env, p, at_least=at_least)
+    # Pruning short of room defers to the summary tier only when that tier can go: else
+    # (no cut meets its no-treadmill target) both declined, and the history grew to the
+    # emergency bound.
+    llm_next = llm_next and pruning.record is not None and candidates.llm_can_go(env, p)
     return candidates.verdict(env, p, pruning, llm_next=llm_next)
 
 

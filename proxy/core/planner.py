@@ -285,6 +285,18 @@ def target_tokens(settings: CompactionSettings) -> int:
     return max(1, int(settings.trigger_tokens * settings.compact_to_share))
 
 
+def relaxed_target(settings: CompactionSettings, forwarded_tokens: int) -> int:
+    """What an optional compaction of ``forwarded_tokens`` may leave when no cut reaches
+    ``target_tokens``: pins can keep more than the share (the loop breaker's rounds, a long
+    system prompt), and refusing every such compaction let the history grow to the
+    emergency bound each time. Still no treadmill: it must free at least the distance from
+    the trigger to the share (so each LLM compaction pays for that much growth) and land
+    under the trigger."""
+    share = target_tokens(settings)
+    trigger = settings.trigger_tokens
+    return max(share, min(trigger, forwarded_tokens - (trigger - share)))
+
+
 def over_limit(forwarded_tokens: int, decision: Decision) -> bool:
     """Whether the request is over its hard limit: the compaction is forced, not optional."""
     limit = decision.limit_tokens
