@@ -224,7 +224,7 @@ def _check(config: Config) -> None:
             f"(verbatim_window_tokens is {c.verbatim_window_tokens}, "
             f"trigger_tokens is {c.trigger_tokens})"
         )
-    if c.emergency_factor < 1.0:
+    if c.emergency_factor is not None and c.emergency_factor < 1.0:
         raise ConfigError("compaction.emergency_factor: must be at least 1.0")
     if not 0.0 <= c.min_confidence <= 1.0:
         raise ConfigError("compaction.min_confidence: must be between 0 and 1")

@@ -247,6 +247,23 @@ def test_decide_over_context_window() -> None:
     assert decide(1600, S, context_window=10**6).action == "background"
 
 
+def test_the_cost_policy_is_bounded_by_the_window_unless_a_factor_is_set() -> None:
+    # policy cost holds a compaction past the trigger until it pays; a bound at twice the
+    # trigger forced the ones it declined near a session's end (django-11910: 1.094x what
+    # forwarding unchanged costs on Anthropic's prices; 1.000x with the window as the bound).
+    cost = CompactionSettings(trigger_tokens=1000, verbatim_window_tokens=200, policy="cost")
+    assert cost.emergency_factor is None
+    assert hard_limit(cost, 200_000) == 200_000
+    assert hard_limit(cost, None) == 2000  # the window unknown: twice the trigger
+    d = decide(150_000, cost, context_window=200_000)
+    assert d.action != "inline" or "emergency" not in d.reason
+    tokens = CompactionSettings(trigger_tokens=1000, verbatim_window_tokens=200, policy="tokens")
+    assert hard_limit(tokens, 200_000) == 2000
+    set_ = CompactionSettings(trigger_tokens=1000, verbatim_window_tokens=200, policy="cost",
+                              emergency_factor=3.0)  # fmt: skip
+    assert hard_limit(set_, 200_000) == 3000 and hard_limit(set_, 2500) == 2500
+
+
 def test_decide_cooling_down() -> None:
     d = decide(1500, S, cooling_down=True)
     assert d.action == "forward" and "cooling" in d.reason and not d.use_llm

@@ -30,7 +30,11 @@ class Decision:
 
 
 def hard_limit(settings: CompactionSettings, context_window: int | None) -> int:
-    """The size above which a request is compacted before forwarding, whatever the mode."""
+    """The size above which a request is compacted before forwarding, whatever the mode:
+    ``emergency_factor`` x the trigger or the context window, whichever is lower; with
+    ``policy: cost`` and no factor set, the window alone (``settings.bound_is_window``)."""
+    if context_window and settings.bound_is_window:
+        return context_window
     limit = settings.emergency_tokens
     if context_window:
         limit = min(limit, context_window)

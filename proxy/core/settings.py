@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+DEFAULT_EMERGENCY_FACTOR = 2.0
+
 
 @dataclass(frozen=True)
 class CompactionSettings:
@@ -16,7 +18,12 @@ class CompactionSettings:
     summary_budget_tokens: int = 500
     min_verbatim_exchanges: int = 2
     min_confidence: float = 0.5
-    emergency_factor: float = 2.0
+    # Over factor x trigger (or the model's context window) a request is compacted before it
+    # is forwarded, whatever it costs. null: 2.0 with ``policy: tokens``; with ``policy: cost``
+    # the model's context window (2.0 when the window is unknown): that policy holds a
+    # compaction past the trigger until it pays, so a bound at twice the trigger forced the
+    # compactions it had declined, near the end of a session where nothing could pay them back.
+    emergency_factor: float | None = None
     detection_model: str | None = None
     summary_model: str | None = None
     summary_role: Literal["system", "user"] = "system"
@@ -79,4 +86,13 @@ class CompactionSettings:
 
     @property
     def emergency_tokens(self) -> int:
-        return int(self.trigger_tokens * self.emergency_factor)
+        """factor x trigger (``emergency_factor``, 2.0 when null); see ``planner.hard_limit``."""
+        factor = self.emergency_factor
+        if factor is None:
+            factor = DEFAULT_EMERGENCY_FACTOR
+        return int(self.trigger_tokens * factor)
+
+    @property
+    def bound_is_window(self) -> bool:
+        """Whether the hard limit is the model's context window alone (when it is known)."""
+        return self.emergency_factor is None and self.policy == "cost"
