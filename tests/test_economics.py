@@ -13,7 +13,7 @@ import pytest
 
 from proxy.adapters.llm import LLMReply
 from proxy.adapters.store import DiskStore
-from proxy.core import billing, costs
+from proxy.core import billing, costs, planner
 from proxy.core.prepared import Prompts
 from proxy.core.records import conv_key
 from proxy.core.settings import CompactionSettings
@@ -254,7 +254,7 @@ async def test_pins_above_the_share_do_not_hold_every_compaction_to_the_bound(
     head = "Rules of this project. " + "Always keep the public API stable. " * 260
     msgs = [{"role": "system", "content": head}, *history(40, words=60)[1:]]
     assert _counter.count_total(msgs[:1], GPT) > settings.trigger_tokens * 0.6
-    share = int(settings.trigger_tokens * settings.compact_to_share)
+    share = planner.target_tokens(settings)
     made: list[tuple[int, int, int]] = []
     for n in range(3, len(msgs) + 1, 2):
         before = llm.summaries

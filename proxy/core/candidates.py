@@ -32,8 +32,9 @@ def verdict(env: Env, p: Prepared, outcome: Outcome, *, llm_next: bool = False) 
       pruning is a round or two away, and each one breaks the cached prefix; one deeper
       break by the summary tier is cheaper.
     - No treadmill: an optional summary or truncation (under the hard limit) must leave at
-      most ``compact_to_share`` of the trigger, or ``planner.relaxed_target`` when pins keep
-      more (``widened`` tried the share first).
+      most ``planner.relaxed_target``: ``compact_to_share`` of the trigger, or more when it
+      still frees the distance from the trigger to that share (``widened`` aims at the share
+      first).
     """
     record = outcome.record
     if record is None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.core import billing
+from proxy.core import billing, planner
 from proxy.core.messages import Message
 from proxy.core.records import CompactionRecord, llm_request_len
 from proxy.core.settings import CompactionSettings
@@ -83,7 +83,7 @@ def expected_after(s: CompactionSettings, head_tokens: int, forwarded_tokens: in
     """What an LLM compaction is expected to leave: the head, the verbatim window and the
     summary, at most ``compact_to_share`` of the trigger (the cut moves later otherwise)."""
     natural = head_tokens + s.verbatim_window_tokens + s.summary_budget_tokens
-    return min(forwarded_tokens, natural, max(int(s.trigger_tokens * s.compact_to_share), 1))
+    return min(forwarded_tokens, natural, planner.target_tokens(s))
 
 
 def judge(
