@@ -80,12 +80,13 @@ from proxy.core.fingerprint import (
     tenant_id,
 )
 from proxy.core.headers import compaction_headers
+from proxy.core.surfaces import OPENAI_CHAT
+from proxy.core.validation import parse_json_object
+from proxy.engine.chat import chat_url
 from proxy.engine.service import Call, Service
 from proxy.logs import JsonFormatter
 from proxy.server import app as srv
 from proxy.server.sse import EventSplitter
-from proxy.server.surfaces import OPENAI_CHAT
-from proxy.server.validation import parse_json_object
 
 STAGES = (
     "parse",
@@ -191,7 +192,7 @@ async def one(
         res.config.upstream.api_key,
         drop=frozenset({"accept-encoding"}),
     )
-    url = srv.chat_url(res.config.upstream.base_url, surface.path)
+    url = chat_url(res.config.upstream.base_url, surface.path)
     compaction_headers(prepared)
     t8 = clock()
     upstream = await client.send(client.request("POST", url, payload, headers))

@@ -27,9 +27,9 @@ from hypothesis import strategies as st
 from proxy.adapters.store import DiskStore
 from proxy.core.errors import CompactionFailed
 from proxy.core.settings import CompactionSettings
+from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, Surface
 from proxy.core.tokens import TokenCounter
 from proxy.engine.compactor import Compactor
-from proxy.server.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, Surface
 from tests.strict import check_chat, check_messages, check_responses
 from tests.test_agents import echo_summary
 from tests.test_compactor import MODEL, PROMPTS, FakeLLM

@@ -23,14 +23,14 @@ from proxy.core.planner import cut_points
 from proxy.core.prepared import Prepared
 from proxy.core.records import body_start
 from proxy.core.settings import CompactionSettings
-from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import Compactor
-from proxy.server.surfaces import (
+from proxy.core.surfaces import (
     _messages_from_view,
     _messages_to_view,
     _responses_from_view,
     _responses_to_view,
 )
+from proxy.core.tokens import TokenCounter
+from proxy.engine.compactor import Compactor
 from tests.test_compactor import MODEL, PROMPTS, FakeLLM
 
 Message = dict[str, Any]

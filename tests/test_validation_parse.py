@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from proxy.core import validation
 from proxy.core.errors import BadRequest
-from proxy.server import validation
-from proxy.server.validation import (
+from proxy.core.validation import (
     _check_message,
     _walk_within,
     parse_in_slices,

@@ -11,10 +11,10 @@ from proxy.adapters.store import DiskStore, get_list
 from proxy.core.messages import render, transcript
 from proxy.core.records import conv_key
 from proxy.core.stability import breakpoints
+from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, alternating_turns
 from proxy.core.tokens import TokenCounter
 from proxy.operators import ledger
 from proxy.server.sse import is_terminal
-from proxy.server.surfaces import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, alternating_turns
 
 SUMMARY = "[History Summary - 4 earlier messages]\n\nWe fixed the parser."
 MARK = {"type": "ephemeral"}

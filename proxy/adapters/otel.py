@@ -37,7 +37,7 @@ from opentelemetry.trace import (
 )
 from prometheus_client import CollectorRegistry, Counter
 
-from proxy.engine.spans import Root
+from proxy.core.traceids import Root
 
 log = logging.getLogger("compaction_proxy.tracing")
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import orjson
 
-from proxy.engine.spans import Backend, Root, child_headers, provider_name
+from proxy.core.traceids import Root
+from proxy.engine.spans import Backend, child_headers, provider_name
 
 log = logging.getLogger("compaction_proxy.tracing")
 

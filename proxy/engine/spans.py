@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
 from proxy.core import costs, keyfacts
 from proxy.core.modelmap import provider_family
+from proxy.core.traceids import Root
 from proxy.core.types import COMPACTION_CASES
 from proxy.operators.entry import usage_numbers
 
@@ -23,18 +23,6 @@ log = logging.getLogger("compaction_proxy.tracing")
 
 CONTENT_LIMIT = 64 * 1024  # characters of captured content per attribute
 _ANTHROPIC_ROUTES = frozenset({"messages"})
-
-
-@dataclass(frozen=True)
-class Root:
-    """A request span's identity, drawn when the request arrives: the client's trace (or a
-    new one), whether it is sampled, this span's id and the client's span it continues."""
-
-    trace_id: int
-    span_id: int
-    parent_id: int | None
-    sampled: bool
-    tracestate: str | None = None
 
 
 class SpanHandle(Protocol):

@@ -41,12 +41,12 @@ from typing import Any
 from proxy.adapters.llm import TRACE_HEADERS
 from proxy.config import TRACE_PROTOCOLS, Config, Tracing
 from proxy.core.messages import Message
+from proxy.core.traceids import Root
 from proxy.engine.relayspans import RelayTrace
 from proxy.engine.spans import (
     Backend,
     CompactionTrace,
     RequestTrace,
-    Root,
     SpanHandle,
     provider_name,
     safely,

@@ -12,42 +12,33 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import logging
 import time
 from collections.abc import AsyncIterator
 
 import httpx
-import orjson
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from proxy.adapters.forward import (
-    Forwarder,
-    make_client,
-    make_transport,
-    request_headers,
-    upstream_url,
-)
+from proxy.adapters.forward import Forwarder, make_client, make_transport
 from proxy.adapters.llm import HttpLLM
 from proxy.adapters.store import Store
 from proxy.config import Config
-from proxy.core.errors import UpstreamError
-from proxy.core.headers import compaction_headers
+from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, Surface
 from proxy.core.tokens import warm_tokenizers
-from proxy.engine.service import Service, build_service, too_long
+from proxy.engine.chat import ChatRequest, outgoing
+from proxy.engine.service import Service, build_service
 from proxy.operators import admin, admintoken, dashboard  # the operators' view
 from proxy.server import probes
 from proxy.server.abort import AbortOnBrokenBody
 from proxy.server.errors import HANDLERS
 from proxy.server.front import ChatFront
-from proxy.server.incoming import describe, header_map, parse_and_validate, receive_body
+from proxy.server.incoming import header_map, parse_and_validate, receive_body
 from proxy.server.passthrough import passthrough
-from proxy.server.relay import forward_stream, forward_whole
-from proxy.server.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, Surface
+from proxy.server.relay import relay
 
 log = logging.getLogger("compaction_proxy.server")
 # Bodies this big are parsed, validated, fingerprinted and counted in a worker thread.
@@ -68,11 +59,12 @@ class ChatRoute:
 
 
 async def _serve(scope: Scope, receive: Receive, surface: Surface, send: Send) -> None:
-    """Parse, validate, begin (identify, substitute, decide), forward, relay - any surface.
+    """One pass down: read the body and parse it once, the engine answers with what to
+    forward (``proxy.engine.chat.outgoing``; an error it raises goes to the app's handlers,
+    in the route's own shape), the answer is relayed, ``Service.finish`` records it.
     Straight on ASGI: the headers are read once (``header_map``), no ``Request`` is built."""
     state = scope["app"].state
     service: Service = state.res
-    forwarder: Forwarder = state.forwarder
     config = service.config
     started = time.perf_counter()
     head = header_map(scope)
@@ -82,72 +74,9 @@ async def _serve(scope: Scope, receive: Receive, surface: Surface, send: Send) -
         body = await asyncio.to_thread(parse_and_validate, raw, surface)
     else:
         body = parse_and_validate(raw, surface)
-    counter = service.compactor.counter
-    call = await service.begin(
-        surface.name, lambda: describe(head, surface, body, counter, big), started=started
-    )
-    prepared = call.prepared
-    error = too_long(prepared, body["model"])
-    if error is not None:
-        raise error  # the route's own shape (proxy.server.errors)
-
-    stream = body.get("stream") is True
-    out = body
-    if prepared is not None and prepared.changed:
-        out = surface.from_view(body, prepared.forwarded)
-    drop_usage = False
-    # Bypassed, opted-out and shadowed requests go upstream byte for byte as sent.
-    as_sent = prepared is not None and prepared.as_sent
-    if stream and surface.stream_usage_option and not as_sent:
-        options = body.get("stream_options")
-        if not (isinstance(options, dict) and options.get("include_usage")):
-            # Ask for usage so the ledger sees it; the client did not, so it never sees it.
-            out = dict(out)
-            out["stream_options"] = {**(options or {}), "include_usage": True}
-            drop_usage = True
-    payload = raw if out is body else orjson.dumps(out)
-    headers = request_headers(
-        scope["headers"],
-        config.upstream.api_key,
-        drop=frozenset({"accept-encoding"}),
-        key_header="x-api-key" if surface is ANTHROPIC_MESSAGES else "authorization",
-    )
-    headers["content-type"] = "application/json"
-    headers.update(call.trace_headers())  # traced: the upstream joins the request's trace
-    url = chat_url(config.upstream.base_url, surface.path)
-    upstream_request = forwarder.request("POST", url, payload, headers)
-    call.forwarding()
-    own = compaction_headers(prepared)
-
-    async def client_body() -> httpx.Request | None:
-        """The client's own body, when the upstream refused the one the compaction changed."""
-        if out is body or not await service.send_as_sent(call):
-            return None
-        own.update(compaction_headers(call.prepared))
-        return forwarder.request("POST", url, raw, headers)
-
-    try:
-        if not stream:
-            await forward_whole(
-                service, forwarder, call, upstream_request, own, send, receive, client_body
-            )
-            return
-        await forward_stream(
-            service, forwarder, call, surface, upstream_request, own, drop_usage, send, receive,
-            client_body,
-        )  # fmt: skip
-    except UpstreamError as exc:
-        # The client gets our 502/504: the ledger and metrics count it as any answer (#29).
-        service.finish(call, None, exc.status)
-        raise
-
-
-@functools.lru_cache(maxsize=16)
-def chat_url(base_url: str, path: str) -> httpx.URL:
-    """A chat route's upstream URL (an immutable ``httpx.URL``): the same for every request
-    of a route, and building it (parse, dot-segment check, parse again) was ~4 % of the
-    worker's CPU under load (#28)."""
-    return upstream_url(base_url, path, "")
+    request = ChatRequest(surface, raw, body, head, scope["headers"], started, big)
+    out = await outgoing(service, state.forwarder, request)
+    await relay(out, send, receive)
 
 
 def compaction_llm(config: Config, client: httpx.AsyncClient) -> HttpLLM:

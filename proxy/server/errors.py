@@ -14,14 +14,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from proxy.core.errors import ProxyError, StoreError
-from proxy.engine.service import record_rejection
-from proxy.server.surfaces import (
+from proxy.core.surfaces import (
     ANTHROPIC_MESSAGES,
     OPENAI_CHAT,
     OPENAI_RESPONSES,
     anthropic_error,
     openai_error,
 )
+from proxy.engine.service import record_rejection
 
 log = logging.getLogger("compaction_proxy.server")
 

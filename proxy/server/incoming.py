@@ -1,5 +1,5 @@
-"""Reading a client's request: its body within the limit, its key, and its description for
-the service (``proxy.engine.service.Incoming``)."""
+"""Reading a client's request: its headers once, its body within the limit and the time
+allowed, parsed and validated (the engine describes it: ``proxy.engine.chat``)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,13 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope
 
 from proxy.config import Limits
 from proxy.core.errors import BadRequest, BodyTimeout, PayloadTooLarge
-from proxy.core.fingerprint import tenant_id
-from proxy.core.tokens import TokenCounter
-from proxy.engine.service import Incoming
-from proxy.server.surfaces import Surface
-from proxy.server.validation import parse_json_object
+from proxy.core.surfaces import Surface
+from proxy.core.validation import parse_json_object
 
 
 def header_map(scope: Scope) -> dict[str, str]:
@@ -30,14 +26,6 @@ def header_map(scope: Scope) -> dict[str, str]:
         if key not in out:
             out[key] = value.decode("latin-1")
     return out
-
-
-def credential_of(headers: Mapping[str, str]) -> str | None:
-    """The client's API key as sent (Bearer token or x-api-key); only ever hashed or relayed."""
-    auth = headers.get("authorization")
-    if auth:
-        return auth[7:].strip() if auth.lower().startswith("bearer ") else auth.strip()
-    return headers.get("x-api-key")
 
 
 async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
@@ -91,46 +79,3 @@ def parse_and_validate(raw: bytes, surface: Surface) -> dict[str, Any]:
     body = parse_json_object(raw)
     surface.validate(body)
     return body
-
-
-def reserve_tokens(body: dict[str, Any], counter: TokenCounter) -> int:
-    """What a request needs besides its messages: tool schemas and the requested reply."""
-    reserve = 0
-    tools = body.get("tools")
-    if tools:
-        reserve += counter.count_text(orjson.dumps(tools).decode(), str(body.get("model", "")))
-    for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            reserve += value
-            break
-    return reserve
-
-
-def describe(
-    headers: Mapping[str, str],
-    surface: Surface,
-    body: dict[str, Any],
-    counter: TokenCounter,
-    big: bool,
-) -> Incoming:
-    """The validated request as the service sees it (the surface's neutral view)."""
-    credential = credential_of(headers)
-    tenant_name = headers.get("x-compaction-tenant")
-    return Incoming(
-        messages=surface.to_view(body),
-        model=body["model"],
-        tenant=tenant_id(credential, tenant_name),
-        tenant_name=tenant_name,
-        credential=credential,
-        compaction_header=headers.get("x-compaction"),
-        conversation_header=headers.get("x-conversation-id"),
-        stateful=surface.stateful(body),
-        summary_role=surface.summary_role,
-        summary_joins=surface.summary_joins,
-        outside_cache_marks=surface.outside_cache_marks(body),
-        reserve_tokens=reserve_tokens(body, counter),
-        offload=big,
-        traceparent=headers.get("traceparent"),
-        tracestate=headers.get("tracestate"),
-    )

@@ -20,11 +20,12 @@ from proxy.adapters.forward import (
     upstream_url,
 )
 from proxy.core.fingerprint import tenant_id
+from proxy.engine.chat import credential_of
 from proxy.engine.relayspans import RelayTrace
 from proxy.engine.service import Service
 from proxy.operators import ledger
 from proxy.server.abort import BodyBroken
-from proxy.server.incoming import credential_of, read_body
+from proxy.server.incoming import read_body
 from proxy.server.relay import SERVER_SET
 
 log = logging.getLogger("compaction_proxy.server")

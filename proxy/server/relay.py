@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import httpx
@@ -24,11 +24,13 @@ import orjson
 from starlette.types import Receive, Send
 
 from proxy.adapters.forward import Forwarder, mapped_errors, response_headers
+from proxy.core.errors import UpstreamError
+from proxy.core.surfaces import Surface, model_of, usage_of
+from proxy.engine.chat import Outgoing
 from proxy.engine.service import Call, Service
 from proxy.server.abort import BodyBroken
 from proxy.server.bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
 from proxy.server.sse import EventSplitter, event_json, is_terminal, is_usage_only
-from proxy.server.surfaces import Surface, model_of, usage_of
 
 log = logging.getLogger("compaction_proxy.server")
 # Set by the server answering (uvicorn): relaying the upstream's too would send two of each.
@@ -120,29 +122,30 @@ class Ending:
         return lambda: service.finish(call, self.usage, self.status, response_model=self.model)
 
 
-# Another request to send instead when the upstream refused (400) the one sent: the client's
-# own body when the compaction had changed it (None: relay the refusal).
-Fallback = Callable[[], Awaitable[httpx.Request | None]]
+async def relay(out: Outgoing, send: Send, receive: Receive) -> None:
+    """Send ``out`` upstream and relay the answer, streamed or whole; ``Service.finish``
+    records it once the client has it (or once the upstream failed: our 502/504 counts as
+    any answer, #29)."""
+    try:
+        if out.stream:
+            await forward_stream(out, send, receive)
+        else:
+            await forward_whole(out, send, receive)
+    except UpstreamError as exc:
+        out.service.finish(out.call, None, exc.status)
+        raise
 
 
-async def forward_whole(
-    service: Service,
-    forwarder: Forwarder,
-    call: Call,
-    request: httpx.Request,
-    own: dict[str, str],
-    send: Send,
-    receive: Receive,
-    fallback: Fallback | None = None,
-) -> None:
+async def forward_whole(out: Outgoing, send: Send, receive: Receive) -> None:
     """A non-streamed request: ``upstream.timeout_s`` bounds the whole of it. An answer up
     to ``WHOLE_BODY_BYTES`` is read whole (its usage parsed); a bigger one is relayed as it
-    arrives, its usage read from its last bytes. A 400 is answered by ``fallback``'s request
-    instead, when it gives one (once)."""
+    arrives, its usage read from its last bytes. A 400 to a body the compaction changed is
+    answered by the client's own body instead, when the service agrees (once)."""
+    service, call, own = out.service, out.call, out.own
     timeout_s = service.config.upstream.timeout_s
     deadline = asyncio.get_running_loop().time() + timeout_s
     async with mapped_errors(deadline_s=timeout_s):
-        upstream = await _or_fallback(service, call, forwarder, request, fallback)
+        upstream = await _or_fallback(out)
         try:
             head, rest = await _read_up_to(upstream, WHOLE_BODY_BYTES)
         except BaseException:
@@ -174,26 +177,20 @@ async def forward_whole(
     )
 
 
-async def _or_fallback(
-    service: Service,
-    call: Call,
-    forwarder: Forwarder,
-    request: httpx.Request,
-    fallback: Fallback | None,
-) -> httpx.Response:
-    """The upstream's answer to ``request``, or to ``fallback``'s request when the upstream
-    refused (400) what was sent and ``fallback`` gives one (the refused answer is discarded
-    unread). The service hears how that second request was answered before the client does,
-    so the client's next request finds the conversation as it should be."""
-    upstream = await forwarder.send(request)
-    if upstream.status_code != 400 or fallback is None:
+async def _or_fallback(out: Outgoing) -> httpx.Response:
+    """The upstream's answer to ``out.request``, or to the client's own body when the
+    upstream refused (400) what was sent and ``out.fallback`` gives it (the refused answer is
+    discarded unread). The service hears how that second request was answered before the
+    client does, so the client's next request finds the conversation as it should be."""
+    upstream = await out.forwarder.send(out.request)
+    if upstream.status_code != 400:
         return upstream
-    instead = await fallback()
+    instead = await out.fallback()
     if instead is None:
         return upstream
     await upstream.aclose()
-    upstream = await forwarder.send(instead)
-    await service.sent_as_sent(call, upstream.status_code)
+    upstream = await out.forwarder.send(instead)
+    await out.service.sent_as_sent(out.call, upstream.status_code)
     return upstream
 
 
@@ -243,23 +240,14 @@ async def _relay_whole(
         await upstream.aclose()
 
 
-async def forward_stream(
-    service: Service,
-    forwarder: Forwarder,
-    call: Call,
-    surface: Surface,
-    request: httpx.Request,
-    own: dict[str, str],
-    drop_usage: bool,
-    send: Send,
-    receive: Receive,
-    fallback: Fallback | None = None,
-) -> None:
-    """A streamed request: an error answer is relayed whole, a 200 event by event. A 400 is
-    answered by ``fallback``'s request instead, when it gives one (once)."""
+async def forward_stream(out: Outgoing, send: Send, receive: Receive) -> None:
+    """A streamed request: an error answer is relayed whole, a 200 event by event. A 400 to
+    a body the compaction changed is answered by the client's own body instead, when the
+    service agrees (once)."""
+    service, call = out.service, out.call
     async with mapped_errors():
-        upstream = await _or_fallback(service, call, forwarder, request, fallback)
-    headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | own
+        upstream = await _or_fallback(out)
+    headers = response_headers(upstream.headers, drop=RELAY_DROPPED) | out.own
     if upstream.status_code != 200:
         try:
             async with mapped_errors():
@@ -272,7 +260,7 @@ async def forward_stream(
             service.finish(call, None, upstream.status_code)
         return
     ending = Ending()
-    events = _relay_events(surface, upstream, drop_usage, ending)
+    events = _relay_events(out.surface, upstream, out.drop_usage, ending)
     await send_stream(send, receive, 200, headers, events, ending.finish(service, call))
 
 

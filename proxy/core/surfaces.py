@@ -17,7 +17,7 @@ import orjson
 from proxy.core.errors import BadRequest
 from proxy.core.layout import joined_runs
 from proxy.core.messages import Message
-from proxy.server.validation import validate_chat
+from proxy.core.validation import validate_chat
 
 View = list[Message]
 
