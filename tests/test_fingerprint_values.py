@@ -14,7 +14,7 @@ import xxhash
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy.core.fingerprint import _meaning, fingerprint, fingerprints
+from proxy.core.fingerprint import Remembered, _meaning, fingerprint, fingerprints
 
 CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": null}'}}
 F = {"name": "f", "arguments": "{}"}
@@ -58,7 +58,8 @@ def test_pinned_values() -> None:
 
 
 text = st.sampled_from(["", "x", "null", '"cache_control"', "é"])
-leaf = st.one_of(st.none(), text, st.integers(-5, 5))
+# Booleans and floats beside integers: 1, 1.0 and true are equal in Python, not in JSON.
+leaf = st.one_of(st.none(), text, st.integers(-5, 5), st.booleans(), st.sampled_from([0.0, 1.0]))
 nested = st.recursive(
     leaf,
     lambda inner: (
@@ -83,3 +84,52 @@ messages = st.dictionaries(
 def test_shortcuts_give_the_definition(message: dict[str, Any]) -> None:
     assert fingerprint(message) == definition(message)
     assert fingerprints([message, message]) == [definition(message)] * 2
+
+
+# One memory across the examples, as in the proxy: what an earlier example left there must
+# never answer for a message that is not the same JSON.
+SHARED = Remembered(size=64)
+
+
+@settings(max_examples=500, deadline=None)
+@given(batch=st.lists(messages, max_size=6))
+def test_remembered_fingerprints_are_the_definition(batch: list[dict[str, Any]]) -> None:
+    """Through the memory (#28), first sight or not, a message gets the definition's value."""
+    expected = [definition(m) for m in batch]
+    assert fingerprints(batch, SHARED) == expected
+    assert fingerprints(batch, SHARED) == expected  # now from memory
+    assert fingerprints(batch, None) == expected
+    assert len(SHARED) <= 2 * SHARED.size
+
+
+def test_remembered_tells_apart_what_python_calls_equal() -> None:
+    """1 == 1.0 == True in Python: a memory keyed by value would give them one fingerprint."""
+    memory = Remembered()
+    shapes = [1, 1.0, True]
+    part = {"type": "tool_result", "tool_use_id": "t1", "content": "x"}
+    batch = [{"role": "user", "content": [{**part, "is_error": v}, part]} for v in shapes]
+    got = fingerprints(batch, memory)
+    assert len(set(got)) == 3
+    assert fingerprints(list(reversed(batch)), memory) == list(reversed(got))
+    assert got == [definition(m) for m in batch]
+
+
+def test_remembered_is_bounded_and_forgets_the_oldest() -> None:
+    memory = Remembered(size=3)
+    batch = [{"role": "tool", "tool_call_id": f"c{i}", "content": "x"} for i in range(10)]
+    assert fingerprints(batch, memory) == [definition(m) for m in batch]
+    assert len(memory) <= 6
+    # Forgotten or not, the value is the same.
+    assert fingerprints(batch, memory) == [definition(m) for m in batch]
+
+
+def test_a_value_json_cannot_write_is_fingerprinted_directly() -> None:
+    """The LiteLLM hook may hand over objects orjson cannot write: no memory, same value."""
+
+    class Opaque:
+        pass
+
+    memory = Remembered()
+    message = {"role": "user", "content": [{"type": "text", "text": "x"}], "extra": Opaque()}
+    assert fingerprints([message], memory) == [fingerprint(message)]
+    assert len(memory) == 0
