@@ -17,6 +17,7 @@ Time comes in as numbers (seconds of idle), never from a clock: callers pass it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from proxy.core.costs import Prices, RequestSaving, input_cost, prices_for
@@ -52,8 +53,14 @@ def rules_for(model: str, settings: CompactionSettings | None = None) -> CacheRu
             "anthropic": settings.cache_ttl_anthropic_s,
             "openai": settings.cache_ttl_openai_s,
         }.get(rules.family, settings.cache_ttl_other_s)
-        rules = replace(rules, ttl_s=ttl)
+        rules = with_ttl(rules, ttl)
     return rules
+
+
+@functools.lru_cache(maxsize=64)
+def with_ttl(rules: CacheRules, ttl_s: float) -> CacheRules:
+    """``rules`` with another cache TTL (one value per family and TTL: asked per request)."""
+    return rules if rules.ttl_s == ttl_s else replace(rules, ttl_s=ttl_s)
 
 
 def warm(rules: CacheRules, idle_s: float | None) -> bool:

@@ -7,6 +7,7 @@ Savings are reported net of all of it. Prices are USD per token from LiteLLM's p
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from proxy.core.modelmap import model_info, provider_family
@@ -27,6 +28,7 @@ class Prices:
         return self.input > 0
 
 
+@functools.lru_cache(maxsize=4096)  # as model_info's: the ledger asks ~5 times a request
 def prices_for(model: str) -> Prices:
     """The model's prices; cache prices default to the provider's usual ratios when absent."""
     info = model_info(model)
