@@ -102,10 +102,18 @@ class Forwarder:
         self._timeout = client.timeout.as_dict()
 
     def request(
-        self, method: str, url: httpx.URL, content: bytes, headers: httpx.Headers
+        self,
+        method: str,
+        url: httpx.URL,
+        content: bytes,
+        headers: httpx.Headers | list[tuple[bytes, bytes]],
     ) -> httpx.Request:
-        merged = httpx.Headers(self._defaults)
-        merged.update(headers)
+        """The request as ``AsyncClient.build_request`` builds it: the client's default
+        headers (those the request does not name) first, then the request's own."""
+        own = headers.raw if isinstance(headers, httpx.Headers) else headers
+        names = {name.lower() for name, _ in own}
+        merged = [pair for pair in self._defaults.raw if pair[0].lower() not in names]
+        merged += own
         return httpx.Request(
             method, url, content=content, headers=merged, extensions={"timeout": self._timeout}
         )
@@ -208,13 +216,25 @@ def request_headers(
     drop: frozenset[str] = frozenset(),
     key_header: str = "authorization",
 ) -> httpx.Headers:
+    """``upstream_pairs`` as ``httpx.Headers``."""
+    return httpx.Headers(upstream_pairs(client_headers, api_key, drop=drop, key_header=key_header))
+
+
+def upstream_pairs(
+    client_headers: Iterable[tuple[bytes, bytes]],
+    api_key: str | None,
+    *,
+    drop: frozenset[str] = frozenset(),
+    key_header: str = "authorization",
+) -> list[tuple[bytes, bytes]]:
     """What goes upstream of the client's headers (ASGI raw bytes): not hop-by-hop ones or
     those the ``Connection`` header names, not our own controls, not the client's claims
     about its route or its cookies; with a configured key, none of the client's credentials
     but the key, as ``Authorization: Bearer`` or (Anthropic's API) ``x-api-key``.
 
     Values are relayed as the bytes the client sent: a header that is not ASCII is never
-    decoded and re-encoded (which is where a 500 came from).
+    decoded and re-encoded (which is where a 500 came from). Plain pairs, not
+    ``httpx.Headers``: the chat routes build their request's headers in one list (#28).
     """
     pairs = [(name.lower(), value) for name, value in client_headers]
     named = {
@@ -238,10 +258,23 @@ def request_headers(
         ):
             continue
         out.append((raw_name, value))
-    headers = httpx.Headers(out)
     if api_key:
-        headers[key_header] = api_key if key_header == "x-api-key" else f"Bearer {api_key}"
-    return headers
+        set_pair(out, key_header, api_key if key_header == "x-api-key" else f"Bearer {api_key}")
+    return out
+
+
+def set_pair(pairs: list[tuple[bytes, bytes]], name: str, value: str) -> None:
+    """``httpx.Headers.__setitem__`` on plain pairs: the first ``name`` (any case) takes the
+    value in its place and the others go; else it is added last."""
+    key = name.lower().encode("latin-1")
+    found = [i for i, (n, _) in enumerate(pairs) if n.lower() == key]
+    for i in reversed(found[1:]):
+        del pairs[i]
+    pair = (name.encode("latin-1"), value.encode("latin-1"))
+    if found:
+        pairs[found[0]] = pair
+    else:
+        pairs.append(pair)
 
 
 def response_headers(

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import orjson
 
-from proxy.adapters.forward import Forwarder, request_headers, upstream_url
+from proxy.adapters.forward import Forwarder, set_pair, upstream_pairs, upstream_url
 from proxy.core.fingerprint import tenant_id
 from proxy.core.headers import compaction_headers
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, Surface
@@ -55,7 +55,7 @@ class Outgoing:
     drop_usage: bool  # usage events the proxy asked for, which the client did not
     service: Service
     forwarder: Forwarder
-    headers: httpx.Headers  # what went upstream with ``request``
+    headers: list[tuple[bytes, bytes]]  # what went upstream with ``request``
     client_body: bytes | None  # the client's own body, when the compaction changed it
 
     async def fallback(self) -> httpx.Request | None:
@@ -96,14 +96,15 @@ async def outgoing(service: Service, forwarder: Forwarder, req: ChatRequest) -> 
             out["stream_options"] = {**(options or {}), "include_usage": True}
             drop_usage = True
     payload = req.raw if out is body else orjson.dumps(out)
-    headers = request_headers(
+    headers = upstream_pairs(
         req.raw_headers,
         config.upstream.api_key,
         drop=_DROPPED,
         key_header="x-api-key" if surface is ANTHROPIC_MESSAGES else "authorization",
     )
-    headers["content-type"] = "application/json"
-    headers.update(call.trace_headers())  # traced: the upstream joins the request's trace
+    set_pair(headers, "content-type", "application/json")
+    for name, value in call.trace_headers().items():  # traced: the upstream joins its trace
+        set_pair(headers, name, value)
     url = chat_url(config.upstream.base_url, surface.path)
     request = forwarder.request("POST", url, payload, headers)
     changed = out is not body and prepared is not None and prepared.changed
