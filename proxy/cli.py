@@ -75,6 +75,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from proxy.preflight import startup_problems
+    from proxy.server.onewrite import OneWriteHttpToolsProtocol
 
     config = _load(args)
     if config is None:
@@ -113,7 +114,8 @@ def _serve(args: argparse.Namespace) -> int:
             port=config.listen.port,
             workers=args.workers,
             loop="auto",
-            http="auto",
+            # uvicorn's httptools protocol, a response's head and body in one write (#28).
+            http=OneWriteHttpToolsProtocol,
             access_log=False,
             log_level=args.log_level.lower(),
             timeout_graceful_shutdown=30,
