@@ -67,7 +67,8 @@ from proxy.adapters.forward import (
     Forwarder,
     make_client,
     make_transport,
-    request_headers,
+    set_pair,
+    upstream_pairs,
 )
 from proxy.adapters.store import DiskStore
 from proxy.config import parse_config
@@ -187,11 +188,12 @@ async def one(
         out = dict(out)
         out["stream_options"] = {"include_usage": True}
     payload = raw if out is body else orjson.dumps(out)
-    headers = request_headers(
+    headers = upstream_pairs(
         [(b"authorization", f"Bearer {key}".encode()), (b"content-type", b"application/json")],
         res.config.upstream.api_key,
         drop=frozenset({"accept-encoding"}),
     )
+    set_pair(headers, "content-type", "application/json")
     url = chat_url(res.config.upstream.base_url, surface.path)
     compaction_headers(prepared)
     t8 = clock()
