@@ -2,8 +2,9 @@
 
 ``OneWriteTransport`` sits between uvicorn's protocol and the socket: it holds a response head
 until the next write, which it joins, or until the event loop's turn ends. Checked here on a
-transport that records its writes, and end to end on the proxy's own server: a real client
-gets whole answers, streamed or not, over one kept-alive connection.
+transport that records its writes, and end to end on the proxy's own server in front of the
+strict upstream: the openai client gets whole and streamed answers, and a raw HTTP/1.1
+client gets two framed answers on one kept-alive connection.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import asyncio
 import socket
 from typing import Any
 
-import httpx
+import openai
+import orjson
 
 from proxy.server.onewrite import OneWriteTransport
 from tests.proxyproc import ProxyProcess
@@ -97,32 +99,51 @@ async def test_a_body_that_looks_like_a_head_is_kept_in_order() -> None:
     )
 
 
-def test_the_server_answers_whole_and_streamed_on_one_connection(tmp_path: Any) -> None:
+def _answer(sock: socket.socket, buffered: bytes) -> tuple[bytes, bytes, bytes]:
+    """One whole answer read off a kept-alive connection by its Content-Length: its head, its
+    body and what was read past it."""
+    while b"\r\n\r\n" not in buffered:
+        chunk = sock.recv(65536)
+        assert chunk, f"the connection closed before the head ended: {buffered!r}"
+        buffered += chunk
+    head, _, rest = buffered.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )  # fmt: skip
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "the connection closed before the body ended"
+        rest += chunk
+    return head, rest[:length], rest[length:]
+
+
+def test_the_server_answers_whole_and_streamed_answers_and_keeps_the_connection(
+    tmp_path: Any,
+) -> None:
     with ScriptedUpstream() as upstream, ProxyProcess(tmp_path, upstream.base_url) as proxy:
-        with httpx.Client(base_url=proxy.base_url, timeout=30) as client:
-            for stream in (False, True, False, True):
-                body = {
-                    "model": "gpt-4o-mini",
-                    "messages": [{"role": "user", "content": "hello"}],
-                    "stream": stream,
-                }
-                key = {"authorization": "Bearer k"}
-                r = client.post("/chat/completions", json=body, headers=key)
-                assert r.status_code == 200, r.text
-                if stream:
-                    assert "data: [DONE]" in r.text
-                else:
-                    assert r.json()["choices"][0]["message"]["role"] == "assistant"
-        # A raw HTTP/1.1 client: the head and the body, complete, with the length they name.
+        client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-onewrite", max_retries=0)
+        messages: Any = [{"role": "user", "content": "hello"}]
+        for _ in range(2):
+            whole = client.chat.completions.create(model="gpt-4o-mini", messages=messages)
+            assert whole.choices[0].message.role == "assistant"
+            chunks = list(
+                client.chat.completions.create(model="gpt-4o-mini", messages=messages, stream=True)
+            )
+            assert chunks and any(c.choices and c.choices[0].delta.content for c in chunks)
+        # Two requests on one raw connection: each answer's head is joined to its own body,
+        # never held back into the next one, and framed by the length it names.
+        body = b'{"model":"gpt-4o-mini","messages":[{"role":"user","content":"hi"}]}'
+        request = (
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+            b"authorization: Bearer sk-onewrite\r\ncontent-type: application/json\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
         with socket.create_connection(("127.0.0.1", proxy.port), timeout=30) as sock:
-            sock.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-            got = b""
-            while chunk := sock.recv(65536):
-                got += chunk
-        head, _, rest = got.partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200")
-        length = next(
-            int(line.split(b":")[1]) for line in head.split(b"\r\n")
-            if line.lower().startswith(b"content-length")
-        )  # fmt: skip
-        assert len(rest) == length
+            left = b""
+            for _ in range(2):
+                sock.sendall(request)
+                head, answer, left = _answer(sock, left)
+                assert head.startswith(b"HTTP/1.1 200"), head
+                assert orjson.loads(answer)["choices"][0]["message"]["role"] == "assistant"
+                assert left == b""

@@ -106,14 +106,13 @@ class Forwarder:
         method: str,
         url: httpx.URL,
         content: bytes,
-        headers: httpx.Headers | list[tuple[bytes, bytes]],
+        headers: list[tuple[bytes, bytes]],
     ) -> httpx.Request:
         """The request as ``AsyncClient.build_request`` builds it: the client's default
-        headers (those the request does not name) first, then the request's own."""
-        own = headers.raw if isinstance(headers, httpx.Headers) else headers
-        names = {name.lower() for name, _ in own}
+        headers (those ``headers`` does not name) first, then ``headers``."""
+        names = {name.lower() for name, _ in headers}
         merged = [pair for pair in self._defaults.raw if pair[0].lower() not in names]
-        merged += own
+        merged += headers
         return httpx.Request(
             method, url, content=content, headers=merged, extensions={"timeout": self._timeout}
         )

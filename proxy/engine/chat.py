@@ -107,7 +107,7 @@ async def outgoing(service: Service, forwarder: Forwarder, req: ChatRequest) -> 
         set_pair(headers, name, value)
     url = chat_url(config.upstream.base_url, surface.path)
     request = forwarder.request("POST", url, payload, headers)
-    changed = out is not body and prepared is not None and prepared.changed
+    changed = prepared is not None and prepared.changed
     call.forwarding()
     return Outgoing(
         call, request, compaction_headers(prepared), surface, stream, drop_usage, service,

@@ -212,10 +212,14 @@ def record_batch(
         found: list[costs.RequestSaving | None] = []
         shadow: list[costs.RequestSaving] = []
 
-        by_hour = added[(tenant, conversation)]
-
-        def conv_update(meta: Any, items: Any = items, before: Any = before, found: Any = found,
-                        shadow: Any = shadow, by_hour: Any = by_hour) -> Any:  # fmt: skip
+        def conv_update(
+            meta: Any,
+            items: list[tuple[RequestEntry, Any]] = items,
+            before: Any = before,
+            found: list[costs.RequestSaving | None] = found,
+            shadow: list[costs.RequestSaving] = shadow,
+            by_hour: dict[str, dict[str, Any]] = added[(tenant, conversation)],
+        ) -> Any:
             # Run again when the store retries (Redis, on a concurrent change): start afresh.
             before["model"] = meta.get("model") if isinstance(meta, dict) else None
             found.clear()
@@ -270,11 +274,16 @@ def record_batch(
                     extra={"conversation": conversation, "error": str(exc)},
                 )
 
+    # The batch's counters per hour: each hour's row takes its sum, the totals all of them.
+    hours: dict[str, dict[str, Any]] = {}
+    for by_hour in added.values():
+        for hour, delta in by_hour.items():
+            _merged(hours.setdefault(hour, {}), delta)
+
     def totals_update(totals: Any) -> dict[str, Any]:
         totals = totals if isinstance(totals, dict) else {}
-        for by_hour in added.values():
-            for delta in by_hour.values():
-                totals = _merged(totals, delta)
+        for delta in hours.values():
+            totals = _merged(totals, delta)
         for saving in savings:
             _add_saving(totals, saving)
         for saving in shadow_savings:
@@ -287,17 +296,10 @@ def record_batch(
     index.add(store, [s for s in seen if (s.tenant, s.conversation) not in adopted])
     if retention_s:
         index.sweep(store, time.time() - retention_s)
-    hours: dict[str, list[dict[str, Any]]] = {}
-    for by_hour in added.values():
-        for hour, delta in by_hour.items():
-            hours.setdefault(hour, []).append(delta)
-    for hour, deltas in hours.items():
+    for hour, delta in hours.items():
 
-        def hour_update(t: Any, hour: str = hour, deltas: list[dict[str, Any]] = deltas) -> Any:
-            t = t if isinstance(t, dict) else {"hour": hour}
-            for delta in deltas:
-                t = _merged(t, delta)
-            return t
+        def hour_update(t: Any, hour: str = hour, delta: dict[str, Any] = delta) -> Any:
+            return _merged(t if isinstance(t, dict) else {"hour": hour}, delta)
 
         store.update(f"hour:{hour}", hour_update, retention_s)
     return nets
@@ -390,10 +392,7 @@ def record_events(
 
 def _bump(meta: Any, new: dict[str, Any], **counts: int) -> dict[str, Any]:
     """Add ``counts`` to a stored dict (``new`` when there is none yet)."""
-    out = meta if isinstance(meta, dict) else new
-    for key, n in counts.items():
-        out[key] = out.get(key, 0) + n
-    return out
+    return _merged(meta if isinstance(meta, dict) else new, counts)
 
 
 def _hour(ts: float) -> str:
