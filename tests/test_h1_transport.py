@@ -446,3 +446,34 @@ def test_an_untrusted_certificate_is_a_connect_error(tmp_path: Path) -> None:
         with pytest.raises(httpx.ConnectError) as caught:
             https_call(up.port, transport())
         assert isinstance(caught.value.__cause__, ssl.SSLCertVerificationError)
+
+
+def test_the_pool_waits_for_a_slot_and_a_freed_slot_is_taken_again() -> None:
+    # One connection at most: while an answer is open the next request waits for its slot
+    # (a PoolTimeout once "pool" has passed); closing the answer frees it at once.
+    with Scripted([]) as up:
+        up.scripts.append(up.answers(ok(b"one"), ok(b"two")))
+        t = H1Transport(httpx.Limits(max_connections=1, max_keepalive_connections=1))
+        url = f"http://127.0.0.1:{up.port}/v1/chat/completions"
+        timeout = {"connect": 5, "read": 10, "pool": 0.2, "write": 5}
+
+        async def run() -> bytes:
+            first = await t.handle_async_request(
+                httpx.Request("POST", url, content=b"{}", extensions={"timeout": timeout})
+            )
+            assert b"".join([c async for c in first.stream]) == b"one"
+            with pytest.raises(httpx.PoolTimeout):
+                await t.handle_async_request(
+                    httpx.Request("POST", url, content=b"{}", extensions={"timeout": timeout})
+                )
+            await first.aclose()
+            second = await t.handle_async_request(
+                httpx.Request("POST", url, content=b"{}", extensions={"timeout": timeout})
+            )
+            try:
+                return b"".join([c async for c in second.stream])
+            finally:
+                await second.aclose()
+
+        assert asyncio_run(run()) == b"two"
+        assert up.connections == 1

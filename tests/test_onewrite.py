@@ -1,10 +1,10 @@
-"""A response's head and body leave in one write, and nothing is lost or reordered (#28).
+"""What a response writes in one turn leaves in one write, nothing lost or reordered (#28).
 
-``OneWriteTransport`` sits between uvicorn's protocol and the socket: it holds a response head
-until the next write, which it joins, or until the event loop's turn ends. Checked here on a
-transport that records its writes, and end to end on the proxy's own server in front of the
-strict upstream: the openai client gets whole and streamed answers, and a raw HTTP/1.1
-client gets two framed answers on one kept-alive connection.
+``OneWriteTransport`` sits between uvicorn's protocol and the socket: it holds what is written
+until the response is complete or the event loop's turn ends, and sends it in one write.
+Checked here on a transport that records its writes, and end to end on the proxy's own
+server in front of the strict upstream: the openai client gets whole and streamed answers,
+and a raw HTTP/1.1 client gets two framed answers on one kept-alive connection.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import openai
 import orjson
 
-from proxy.server.onewrite import OneWriteTransport
+from proxy.server.onewrite import DIRECT_BYTES, OneWriteTransport
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
 
@@ -45,28 +45,37 @@ class Recording:
         return ("127.0.0.1", 1) if name == "peername" else default
 
 
-async def test_a_head_and_its_body_go_in_one_write() -> None:
+async def test_what_one_turn_writes_goes_in_one_write_at_its_end() -> None:
     real = Recording()
     t = OneWriteTransport(real, asyncio.get_running_loop())  # type: ignore[arg-type]
     t.write(HEAD)
-    assert real.writes == []
     t.write(b"ok")
-    assert real.writes == [HEAD + b"ok"]
-    t.write(b"more")  # not a head: straight through
-    assert real.writes == [HEAD + b"ok", b"more"]
-    await asyncio.sleep(0)  # the turn's end finds nothing held
-    assert real.writes == [HEAD + b"ok", b"more"]
+    t.write(bytearray(b"more"))
+    assert real.writes == []
+    await asyncio.sleep(0)  # the turn's end
+    assert real.writes == [HEAD + b"okmore"]
+    t.write(b"2\r\nok\r\n")  # a stream's next chunk, a turn later: on its own
+    await asyncio.sleep(0)
+    assert real.writes == [HEAD + b"okmore", b"2\r\nok\r\n"]
+    await asyncio.sleep(0)  # nothing held: nothing more sent
+    assert len(real.writes) == 2
     assert t.get_extra_info("peername") == ("127.0.0.1", 1)  # the rest is the real one's
 
 
-async def test_a_head_nothing_follows_goes_at_the_end_of_the_turn() -> None:
+async def test_flush_sends_at_once_and_a_big_write_is_not_copied() -> None:
     real = Recording()
     t = OneWriteTransport(real, asyncio.get_running_loop())  # type: ignore[arg-type]
     t.write(HEAD)
+    t.write(b"ok")
+    t.flush()  # what the protocol does when the response is complete
+    assert real.writes == [HEAD + b"ok"]
+    big = b"x" * DIRECT_BYTES
+    t.write(HEAD)
+    t.write(big)  # what is held goes first, then the big write as it is
+    assert real.writes == [HEAD + b"ok", HEAD, big]
+    assert real.writes[2] is big
     await asyncio.sleep(0)
-    assert real.writes == [HEAD]
-    t.write(b"2\r\nok\r\n")  # a stream's first chunk, later: on its own
-    assert real.writes == [HEAD, b"2\r\nok\r\n"]
+    assert len(real.writes) == 3
 
 
 async def test_close_sends_what_is_held_first_and_abort_drops_it() -> None:
@@ -74,29 +83,38 @@ async def test_close_sends_what_is_held_first_and_abort_drops_it() -> None:
     real = Recording()
     t = OneWriteTransport(real, loop)  # type: ignore[arg-type]
     t.write(HEAD)
+    t.write(b"ok")
     t.close()
-    assert real.writes == [HEAD] and real.closed
+    assert real.writes == [HEAD + b"ok"] and real.closed
     await asyncio.sleep(0)
-    assert real.writes == [HEAD]  # the scheduled flush finds it sent
+    assert real.writes == [HEAD + b"ok"]  # the scheduled flush finds it sent
     other = Recording()
     t = OneWriteTransport(other, loop)  # type: ignore[arg-type]
     t.write(HEAD)
     t.abort()
     await asyncio.sleep(0)
     assert other.writes == [] and other.aborted
+    closing = Recording()
+    t = OneWriteTransport(closing, loop)  # type: ignore[arg-type]
+    t.write(HEAD)
+    closing.closed = True  # the connection went meanwhile: nothing is written to it
+    await asyncio.sleep(0)
+    assert closing.writes == []
 
 
-async def test_a_body_that_looks_like_a_head_is_kept_in_order() -> None:
+async def test_writes_keep_their_order() -> None:
     real = Recording()
     t = OneWriteTransport(real, asyncio.get_running_loop())  # type: ignore[arg-type]
     t.write(HEAD)
     t.write(b"HTTP/1.1 is what this body says")
     t.write(b"HTTP/1.0 so does the next write")
+    t.write(b"y" * DIRECT_BYTES)
     t.write(b"tail")
     await asyncio.sleep(0)
     assert b"".join(real.writes) == (
-        HEAD + b"HTTP/1.1 is what this body says" + b"HTTP/1.0 so does the next write" + b"tail"
-    )
+        HEAD + b"HTTP/1.1 is what this body says" + b"HTTP/1.0 so does the next write"
+        + b"y" * DIRECT_BYTES + b"tail"
+    )  # fmt: skip
 
 
 def _answer(sock: socket.socket, buffered: bytes) -> tuple[bytes, bytes, bytes]:

@@ -313,6 +313,11 @@ class H1Transport(httpx.AsyncBaseTransport):
             return
         if self._slots is None:
             self._slots = asyncio.Semaphore(self._max)
+        if not self._slots.locked():
+            # A slot is free: taken without waiting, so without a timer (an
+            # ``asyncio.timeout`` is ~5 us, and this runs for every request).
+            await self._slots.acquire()
+            return
         try:
             async with asyncio.timeout(pool):
                 await self._slots.acquire()

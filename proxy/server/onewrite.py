@@ -1,14 +1,20 @@
-"""One write for a response's head and the body that follows it (#28).
+"""One write for what a response sends within one turn of the event loop (#28).
 
 uvicorn writes a response's status line and headers as soon as the app sends
-``http.response.start`` and the body on ``http.response.body``: two ``send`` system calls
-for every answer, each waking the client. On this machine a socket write is the largest
-single cost of a small request (docs/benchmarks.md, #28). ``OneWriteHttpToolsProtocol`` hands
-uvicorn's protocol a transport that holds a response head back until the next write, which
-it joins (the body, or a stream's first chunk); a head nothing follows within the event
-loop's turn (a stream whose first event is not there yet) goes out at the end of that turn,
-so no byte waits on the upstream. Order is kept: whatever is held goes before any later
-write, and ``close`` sends it first.
+``http.response.start``, the body on ``http.response.body``, and a stream's every chunk and
+its closing ``0\\r\\n\\r\\n`` as they come: a ``send`` system call for each, each waking the
+client. On this machine a socket write is the largest single cost of a small request
+(docs/benchmarks.md, #28). ``OneWriteHttpToolsProtocol`` hands uvicorn's protocol a transport
+that holds what is written and sends it in one write:
+
+- when the response is complete (uvicorn's ``on_response_complete``): a whole answer leaves
+  at once, before the work that follows it (log line, metrics, ledger queue);
+- at the end of the event loop's turn otherwise: a stream's head and events go out as soon
+  as the relay waits on the upstream, so no byte waits on the network;
+- before a big write (``DIRECT_BYTES``), which goes as it is, not copied into the held bytes.
+
+Order is kept: whatever is held goes before any later write, and ``close`` sends it first;
+``abort`` drops it with the connection.
 """
 
 from __future__ import annotations
@@ -18,46 +24,44 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-# What uvicorn's heads begin with (its status lines).
-_HEAD = b"HTTP/1."
+# A write this big is not joined to what is held (a copy of it would cost more than a call).
+DIRECT_BYTES = 64 * 1024
 
 
 class OneWriteTransport:
-    """A transport that holds a response head until the next write or the loop's turn end.
-    Everything else is the real transport's."""
+    """A transport that holds writes until ``flush`` or the loop's turn end. Everything else
+    is the real transport's."""
 
     __slots__ = ("_real", "_held", "_loop")
 
     def __init__(self, real: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._real = real
-        self._held: bytes | None = None
+        self._held: list[bytes] = []
         self._loop = loop
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        held = self._held
-        if held is not None:
-            self._held = None
-            self._real.write(held + bytes(data))
-        elif isinstance(data, bytes) and data.startswith(_HEAD):
-            self._held = data
-            self._loop.call_soon(self.flush)
-        else:
+        if len(data) >= DIRECT_BYTES:
+            self.flush()
             self._real.write(data)
+            return
+        if not self._held:
+            self._loop.call_soon(self.flush)
+        self._held.append(bytes(data))
 
     def flush(self) -> None:
-        """Send what is held (a head nothing followed in the same turn)."""
+        """Send what is held, in one write."""
         held = self._held
-        if held is not None:
-            self._held = None
+        if held:
+            self._held = []
             if not self._real.is_closing():
-                self._real.write(held)
+                self._real.write(held[0] if len(held) == 1 else b"".join(held))
 
     def close(self) -> None:
         self.flush()
         self._real.close()
 
     def abort(self) -> None:
-        self._held = None
+        self._held = []
         self._real.abort()
 
     def __getattr__(self, name: str) -> Any:
@@ -70,3 +74,8 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         loop = asyncio.get_running_loop()
         super().connection_made(OneWriteTransport(transport, loop))  # type: ignore[arg-type]
+
+    def on_response_complete(self) -> None:
+        # The answer is whole: it goes now, not after what the app does next in this turn.
+        self.transport.flush()  # type: ignore[attr-defined]
+        super().on_response_complete()
