@@ -49,6 +49,8 @@ CLIENT_CLAIMS = frozenset({"forwarded", "via", "cookie", "x-real-ip"})
 CLAIM_PREFIX = "x-forwarded-"
 # Every header a provider reads a key from: all replaced when a key is configured.
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
+# Headers that frame a request: named by the caller, httpx builds the request itself.
+_FRAMING = frozenset({b"host", b"content-length", b"transfer-encoding"})
 
 
 def _limits(upstream: Upstream) -> httpx.Limits:
@@ -113,9 +115,20 @@ class Forwarder:
         names = {name.lower() for name, _ in headers}
         merged = [pair for pair in self._defaults.raw if pair[0].lower() not in names]
         merged += headers
-        return httpx.Request(
-            method, url, content=content, headers=merged, extensions={"timeout": self._timeout}
+        extensions = {"timeout": self._timeout}
+        if not content or not names.isdisjoint(_FRAMING):
+            return httpx.Request(
+                method, url, content=content, headers=merged, extensions=extensions
+            )
+        # What httpx's own encoding adds to a body of bytes (``Host`` first, ``Content-Length``
+        # last), given as the request's stream: the same request, without httpx deriving
+        # and re-checking them (~13 us -> ~5 us a request, #28; test_forward_request).
+        merged = [(b"Host", url.netloc), *merged, (b"Content-Length", b"%d" % len(content))]
+        request = httpx.Request(
+            method, url, headers=merged, stream=httpx.ByteStream(content), extensions=extensions
         )
+        request.read()  # its content known, as for a body given as ``content``
+        return request
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         """The answer with its body still to read (``chunks``, then ``aclose``)."""
