@@ -181,6 +181,15 @@ def _messages_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
     return out
 
 
+def tool_cache_marks(tools: Any) -> int:
+    """``count_cache_marks`` of a request's tool definitions. Claude Code sends ~60 KB of
+    schemas with every request and no mark in them: walking them took ~120 us, finding that
+    their JSON never says ``"cache_control"`` takes ~15 us (#28)."""
+    if not tools or b'"cache_control"' not in orjson.dumps(tools):
+        return 0
+    return count_cache_marks(tools)
+
+
 def count_cache_marks(value: Any) -> int:
     """``cache_control`` marks anywhere inside ``value`` (tool definitions, blocks)."""
     if isinstance(value, dict):
@@ -201,7 +210,7 @@ ANTHROPIC_MESSAGES = Surface(
     summary_role="user",
     stream_usage_option=False,
     error_body=anthropic_error,
-    outside_cache_marks=lambda body: count_cache_marks(body.get("tools")),
+    outside_cache_marks=lambda body: tool_cache_marks(body.get("tools")),
     summary_joins=True,
 )
 

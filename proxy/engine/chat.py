@@ -136,7 +136,7 @@ def reserve_tokens(body: dict[str, Any], counter: TokenCounter) -> int:
     reserve = 0
     tools = body.get("tools")
     if tools:
-        reserve += counter.count_text(orjson.dumps(tools).decode(), str(body.get("model", "")))
+        reserve += counter.count_json(orjson.dumps(tools), str(body.get("model", "")))
     for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
