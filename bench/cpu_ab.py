@@ -1,7 +1,7 @@
 """The proxy's CPU per request, two source trees side by side (#28).
 
     python -m bench.cpu_ab --before /tmp/before [--after .] [--rounds 5] [--duration 2]
-        [--concurrency 8] [--floor] [--json PATH]
+        [--concurrency 8] [--floor] [--agent] [--json PATH]
 
 One fast upstream (``bench.upstream_fast``) and one ``compaction-proxy serve`` per tree (the
 tree first on ``PYTHONPATH``, one worker, a diskcache store, the default config), each fed
@@ -14,7 +14,9 @@ that differ in their first message, in turn: N conversations, so the ledger's ba
 writes one row per conversation and flush as it does in real traffic (with one conversation
 a flush writes one row for ~80 requests). ``--floor`` adds ``bench.relay_floor``
 with ``--read-body`` (uvloop, httptools, every body parsed by orjson) in the same rounds.
-Nothing is asserted.
+``--agent`` adds ``bench.agent_body``'s request: a coding agent's at a real agent's sizes
+(53 messages, 24 tools in ~62 KB of schemas, a 5.6 KB system prompt), what the proxy sees
+most in production. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from typing import Any
 import orjson
 import yaml
 
+from bench.agent_body import agent_body
 from bench.overhead import MEASURE_COMPACTION, ROOT, FastUpstream, Profile, _wait_http, load
 from bench.servers import FloorRelay, process_tree, request_body, settle
 from tests.proxyproc import cli_path, free_port
 
 KEY = "sk-bench-cpu"
+AGENT = "agent"  # ``bench.agent_body``'s request: 53 messages, 24 tools, a 5.6 KB system prompt
 
 
 class Tree:
@@ -75,17 +79,22 @@ class Tree:
             self.proc.wait(15)
 
 
-def bodies_of(history: int, stream: bool, conversations: int, work: Path) -> list[Path]:
-    """``conversations`` request bodies of ``history`` messages that differ in their first
-    message only: as many conversations to the proxy (one: the benchmark's usual body)."""
+def bodies_of(history: int | str, stream: bool, conversations: int, work: Path) -> list[Path]:
+    """``conversations`` request bodies of ``history`` messages (or ``AGENT``'s body) that
+    differ in their first message only: as many conversations to the proxy (one: the
+    benchmark's usual body)."""
     paths = []
     for n in range(conversations):
-        body = orjson.loads(request_body(history, stream))
-        if n:
-            first = body["messages"][0]
-            first["content"] = f"[conversation {n}] {first['content']}"
+        if history == AGENT:
+            raw = agent_body(stream, n)
+        else:
+            body = orjson.loads(request_body(int(history), stream))
+            if n:
+                first = body["messages"][0]
+                first["content"] = f"[conversation {n}] {first['content']}"
+            raw = orjson.dumps(body)
         path = work / f"body-{history}-{stream}-{n}.json"
-        path.write_bytes(orjson.dumps(body))
+        path.write_bytes(raw)
         paths.append(path)
     return paths
 
@@ -118,6 +127,7 @@ def run(
     concurrency: int,
     floor: bool = False,
     conversations: int = 1,
+    agent: bool = False,
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-ab-"))
     upstream = FastUpstream(work / "upstream.log").start()
@@ -127,13 +137,14 @@ def run(
     if floor:  # the least a Python proxy that parses every body does, beside them
         servers.append(FloorRelay(work, upstream.port, read_body=True))
     profile = Profile("cpu_ab", 50, (), (concurrency,), 0.5, duration, 1_000_000)
-    samples: dict[tuple[str, int, bool], list[dict[str, float]]] = {}
+    samples: dict[tuple[str, str, bool], list[dict[str, float]]] = {}
+    histories: tuple[int | str, ...] = (2, 50, AGENT) if agent else (2, 50)
     try:
         for server in servers:
             server.start()
         bodies = {
-            (history, stream): bodies_of(history, stream, conversations, work)
-            for history in (2, 50)
+            (str(history), stream): bodies_of(history, stream, conversations, work)
+            for history in histories
             for stream in (False, True)
         }
         for r in range(rounds):
@@ -154,7 +165,7 @@ def run(
                     }
                     samples.setdefault((server.name, history, stream), []).append(cell)
                     print(
-                        f"round {r} {server.name:30} {history:>3} msgs stream={stream!s:5} "
+                        f"round {r} {server.name:30} {history:>5} msgs stream={stream!s:5} "
                         f"{cell['cpu_us']:.0f} us/request {cell['rps']:.0f} req/s "
                         f"errors={cell['errors']}",
                         file=sys.stderr,
@@ -208,11 +219,22 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="bodies of as many conversations, sent in turn (the ledger writes one row each)",
     )
+    parser.add_argument(
+        "--agent",
+        action="store_true",
+        help="also bench.agent_body's request (a real agent's sizes)",
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     results = run(
-        trees, args.rounds, args.duration, args.concurrency, args.floor, args.conversations
+        trees,
+        args.rounds,
+        args.duration,
+        args.concurrency,
+        args.floor,
+        args.conversations,
+        args.agent,
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
