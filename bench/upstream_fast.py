@@ -8,7 +8,9 @@ An ``asyncio.Protocol`` over ``httptools`` (uvloop when installed) answering eve
 asked for). ``GET /v1/models`` lists the one model; anything else is a 404. HTTP/1.1
 keep-alive, no logging, no JSON parsing of the request: the benchmark wants an upstream whose
 own cost is a small, constant part of every row. ``--delay-ms`` holds every answer that long
-(a provider's time to answer; the event loop stays free meanwhile). It prints
+(a provider's time to answer; the event loop stays free meanwhile). ``--drip-events N``
+streams replies as a provider does: N events (the last one ``[DONE]``), each in a write of
+its own, ``--drip-ms`` apart, so a proxy relays each on its own. It prints
 ``ready <port>`` on stdout once it listens. Only ever bind it to 127.0.0.1.
 """
 
@@ -87,6 +89,18 @@ def _head(status: str, content_type: bytes, extra: bytes, keep_alive: bool) -> b
     )
 
 
+def _drip_events(count: int) -> list[bytes]:
+    """``count`` events of a streamed reply (HTTP chunks), the last one [DONE]."""
+    chunks = [_chunk({"role": "assistant", "content": ""})]
+    chunks += [_chunk({"content": f"word{i} "}) for i in range(max(count - 3, 0))]
+    chunks.append(_chunk({}, "stop"))
+    events = [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
+    return [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+
+
+STREAM_HEAD_START = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream"
+DRIP_EVENTS = _drip_events(2_000)
+DRIP_END = b"0\r\n\r\n"
 JSON_BODY = _completion()
 STREAM_BODY = _events(include_usage=False)
 STREAM_USAGE_BODY = _events(include_usage=True)
@@ -154,6 +168,8 @@ class UpstreamProtocol(asyncio.Protocol):
     """One connection: parse requests with httptools, answer each from the fixed replies."""
 
     delay_s = 0.0  # set once by ``main``
+    drip_events = 0  # (and these two: a stream's events one write each, this far apart)
+    drip_s = 0.0
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -195,9 +211,33 @@ class UpstreamProtocol(asyncio.Protocol):
     def _answer(self, answer: bytes, keep_alive: bool) -> None:
         if self.transport is None or self.transport.is_closing():
             return
+        if self.drip_events and answer.startswith(STREAM_HEAD_START):
+            self._drip(answer[: answer.index(b"\r\n\r\n") + 4], keep_alive)
+            return
         self.transport.write(answer)
         if not keep_alive:
             self.transport.close()
+
+    def _drip(self, head: bytes, keep_alive: bool) -> None:
+        """A stream as a provider sends one: the head, then ``drip_events`` events each in a
+        write of its own, ``drip_s`` apart, then the end."""
+        assert self.transport is not None
+        self.transport.write(head)
+        loop = asyncio.get_running_loop()
+        events = DRIP_EVENTS[: self.drip_events]
+
+        def send(i: int) -> None:
+            if self.transport is None or self.transport.is_closing():
+                return
+            if i < len(events):
+                self.transport.write(events[i])
+                loop.call_later(self.drip_s, send, i + 1)
+                return
+            self.transport.write(DRIP_END)
+            if not keep_alive:
+                self.transport.close()
+
+        send(0)
 
 
 async def serve(host: str, port: int) -> None:
@@ -214,8 +254,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="hold every answer this long")
+    parser.add_argument(
+        "--drip-events",
+        type=int,
+        default=0,
+        help="stream replies as this many events (at most 2,000), each in a write of its own",
+    )
+    parser.add_argument("--drip-ms", type=float, default=1.0, help="the time between them")
     args = parser.parse_args(argv)
     UpstreamProtocol.delay_s = max(args.delay_ms, 0.0) / 1000
+    UpstreamProtocol.drip_events = min(max(args.drip_events, 0), len(DRIP_EVENTS))
+    UpstreamProtocol.drip_s = max(args.drip_ms, 0.0) / 1000
     try:
         from uvloop import run
     except ImportError:  # plain asyncio works, a little slower
