@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from proxy.server import sse
 from proxy.server.sse import EventSplitter, is_terminal
 
 # The definition: an event ends at the first blank line (LF, CRLF or CR line ends, mixed).
@@ -68,3 +70,21 @@ def test_a_provider_s_stream_read_event_by_event() -> None:
     assert splitter.feed(stream[1]) == [stream[1]]
     assert is_terminal(stream[1]) and not is_terminal(stream[0])
     assert splitter.flush() == b""
+
+
+def test_every_api_s_common_events_are_decided_without_parsing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def parsed(event: bytes) -> None:
+        raise AssertionError(f"parsed: {event!r}")
+
+    monkeypatch.setattr(sse, "event_json", parsed)
+    common = [
+        b'data: {"choices":[{"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n',
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":{}}\n\n',
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{}}\n\n',
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta"}\n\n',
+        b'event: response.created\ndata: {"type":"response.created"}\n\n',
+    ]
+    for event in common:
+        assert not is_terminal(event)
