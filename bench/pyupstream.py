@@ -4,8 +4,9 @@
 
 The upstream is a Starlette app under uvicorn (uvloop and httptools, one worker) answering
 ``POST /v1/chat/completions`` at once with ``bench.upstream_fast``'s fixed reply (the request
-read as JSON, the reply a dict made JSON): the simplest upstream a Python user would write, and one that shares this machine's two CPUs with the
-proxy and the load generator as any local upstream would. Beside it, the same cells against
+read as JSON, the reply a dict made JSON): the simplest upstream a Python user would write,
+and one that shares this machine's two CPUs with the proxy and the load generator as any
+local upstream would. Beside it, the same cells against
 ``bench.upstream_fast`` (asyncio protocol over httptools, no framework: near C speed).
 ``compaction-proxy serve`` (the default config, one worker) runs in front of each; each round
 measures direct and through the proxy, at concurrency 1 and 32, for the 2- and 50-message
@@ -37,7 +38,6 @@ from bench.overhead import ROOT, FastUpstream, Profile, _stop, load, process_tre
 from bench.overhead import start_ready as _start_ready
 from bench.upstream_fast import JSON_BODY
 from tests.proxyproc import free_port
-
 
 REPLY = json.loads(JSON_BODY)
 
