@@ -76,7 +76,10 @@ def _compaction_marker(text: str) -> str | None:
         return seen[text]
     client = seen[text] = _marker_of(text)
     if len(seen) > _SEEN_TEXTS:
-        seen.pop(next(iter(seen)), None)
+        try:
+            seen.pop(next(iter(seen)), None)
+        except (RuntimeError, StopIteration):  # another thread changed it meanwhile
+            pass
     return client
 
 
