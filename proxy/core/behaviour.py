@@ -28,9 +28,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import orjson
-
-from proxy.core import artifacts, prune
+from proxy.core import artifacts, callwalk, prune
+from proxy.core.callwalk import identity
 from proxy.core.messages import Message, tool_results
 from proxy.core.pins import ROUND_PIN
 from proxy.core.records import CompactionRecord, entries
@@ -41,11 +40,6 @@ KEEP = "keep re-fetched results out of pruning and summaries"
 # enough to reach past the next compactions of a busy agent, bounded so that a result the
 # agent no longer needs is not carried for the rest of the session.
 HOLD_TURNS = 40
-
-
-def identity(name: str, arguments: Any) -> str:
-    """A tool call's identity: its name and arguments, canonical (key order ignored)."""
-    return orjson.dumps([name, arguments], option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _shown(name: str, arguments: Any) -> str:
@@ -85,7 +79,7 @@ def _counts(messages: Sequence[Message]) -> tuple[int, int]:
     instructions = sum(
         1
         for m in messages
-        if m.get("role") == "user" and not (tool_results(m) and _only_results(m))
+        if m.get("role") == "user" and not (tool_results(m) and callwalk.only_results(m))
     )
     return assistants, instructions
 
@@ -96,54 +90,36 @@ def ratio(counts: tuple[int, int]) -> float:
     return round(assistants / instructions, 2) if instructions else float(assistants)
 
 
-def _only_results(message: Message) -> bool:
-    content = message.get("content")
-    return isinstance(content, list) and all(
-        isinstance(b, dict) and b.get("type") == "tool_result" for b in content
-    )
-
-
-def _identity_of(call: prune.Call | None) -> tuple[str, str]:
-    if call is None:
-        return "?", identity("?", None)
-    name, raw, encoded = call
-    return name, identity(name, prune.arguments_of(raw) if encoded else raw)
-
-
-def observe(messages: Sequence[Message], record: CompactionRecord) -> Behaviour:
+def observe(
+    messages: Sequence[Message],
+    record: CompactionRecord,
+    *,
+    resume: tuple[str, Sequence[bytes]] | None = None,
+    walks: callwalk.Walks = callwalk.WALKS,
+) -> Behaviour:
     """The agent's behaviour in ``messages`` (the client's whole history) since ``record``
     took effect: calls that repeat one whose result the record no longer forwards.
 
-    It runs on every request of a compacted conversation, so it is one pass that parses
-    nothing: a call's arguments are parsed (for its identity) only for results after the
-    record, and for earlier results whose tool one of those called. (It was two passes of
+    It runs on every request of a compacted conversation, so it is one pass
+    (``callwalk.walk``) that parses a call's arguments (for its identity) only when a result
+    the record cleared, or one after the record, answers it. (It was two passes of
     ``prune.tool_results``, which parse every call and join every output's text: 7.6 ms a
     request at 2,000 messages.) A result answers the last call issued before it with its
-    id (an agent that reuses ids, "call_0" every turn, is read right)."""
-    in_place = {e for e in entries(record) if isinstance(e, int)}
-    k = record.k
-    since = record.request_len or k
-    calls: dict[str, prune.Call] = {}
-    early: list[prune.Call | None] = []  # the calls of results before k that it no longer forwards
-    late: list[prune.Call | None] = []  # the calls of results from ``since`` on
-    before, after = [0, 0], [0, 0]
-    for i, m in enumerate(messages):
-        role = m.get("role")
-        counts = before if i < since else after
-        if role == "assistant":
-            counts[0] += 1
-            calls.update(prune.issued(m))
-            continue
-        if role == "user" and not (tool_results(m) and _only_results(m)):
-            counts[1] += 1
-        answered = tool_results(m) if role in ("tool", "user") else []
-        if i < k and i not in in_place:
-            early.extend(calls.get(c) for c in answered)
-        if i >= since:
-            late.extend(calls.get(c) for c in answered)
-    late_keys = [_identity_of(c) for c in late]
+    id (an agent that reuses ids, "call_0" every turn, is read right). ``resume``: the
+    conversation and this request's prefix chain, to go on from the pass over its previous
+    request where this one extends it (``callwalk.Walks``); without it, from the start."""
+    in_place = frozenset(e for e in entries(record) if isinstance(e, int))
+    cut = (record.k, record.request_len or record.k, in_place)
+    start = None
+    if resume is not None:
+        conversation, chain = resume
+        start = walks.resume((conversation, record.prefix_hash), cut, chain)
+    w = callwalk.walk(messages, cut, start)
+    if resume is not None:
+        walks.keep((conversation, record.prefix_hash), cut, chain, w)
+    late, late_keys, before, after = w.late, w.late_keys, w.before, w.after
     names = {name for name, _ in late_keys}
-    cleared = {_identity_of(c)[1] for c in early if (c[0] if c else "?") in names}
+    cleared = {key for name, key in w.early if name in names}
     repeated: list[str] = []
     identities: list[str] = []
     rereads = 0

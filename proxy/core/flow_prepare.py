@@ -7,6 +7,7 @@ request would not fit otherwise; track stability and place cache marks.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -204,9 +205,12 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
     if controls.shadow:
         return p  # measured only: no inline work, no cache marks
     if s.enabled and p.record is not None:
-        args = (p.original, p.record)
-        # One pass over the history, like substitution: off the loop for a huge one.
-        seen = (yield Compute(observe, args)) if settle_off else observe(*args)
+        # One pass over what the history added since the last request (the whole of it
+        # the first time), like substitution: off the loop for a huge one.
+        observing = functools.partial(
+            observe, p.original, p.record, resume=(ident.conversation, ident.chain)
+        )
+        seen = (yield Compute(observing, ())) if settle_off else observing()
         loop = yield from watch(env, p, seen, state.behave, state.loop)
         if loop is not None and loop.holds(seen.counts_before[0] + seen.counts_after[0]):
             p = p.but(keep_results=frozenset(loop.keep))
