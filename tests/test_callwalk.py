@@ -134,3 +134,20 @@ def test_the_memory_of_walks_is_bounded() -> None:
     assert len(walks._kept) == 4
     assert walks.resume(("conv9", "r"), cut, links) is not None
     assert walks.resume(("conv0", "r"), cut, links) is None
+
+
+def test_a_call_whose_arguments_nest_too_deep_to_write_is_still_named() -> None:
+    deep = "[" * 300 + "]" * 300  # valid JSON, deeper than orjson writes
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep}}
+    again = {"id": "c2", "type": "function", "function": {"name": "f", "arguments": deep}}
+    messages: list[Message] = [
+        {"role": "system", "content": "agent"},
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "out"},
+        {"role": "assistant", "content": None, "tool_calls": [again]},
+        {"role": "tool", "tool_call_id": "c2", "content": "out"},
+    ]
+    rec = record(messages, 4, set())
+    seen = behaviour.observe(messages, rec)
+    assert seen.repeated_calls == 1  # the same call again, named by its arguments' text

@@ -41,7 +41,10 @@ def identity_of(call: prune.Call | None) -> Keyed:
     if call is None:
         return "?", identity("?", None)
     name, raw, encoded = call
-    return name, identity(name, prune.arguments_of(raw) if encoded else raw)
+    try:
+        return name, identity(name, prune.arguments_of(raw) if encoded else raw)
+    except orjson.JSONEncodeError:  # nested deeper than orjson writes: named by its text
+        return name, identity(name, raw if isinstance(raw, str) else "?")
 
 
 @dataclass
