@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -150,4 +151,5 @@ def test_a_call_whose_arguments_nest_too_deep_to_write_is_still_named() -> None:
     ]
     rec = record(messages, 4, set())
     seen = behaviour.observe(messages, rec)
-    assert seen.repeated_calls == 1  # the same call again, named by its arguments' text
+    assert seen.repeated_calls == 1  # the same call again, named alike
+    assert seen.identities == [behaviour.identity("f", orjson.loads(deep))]

@@ -32,8 +32,17 @@ Keyed = tuple[str, str]  # a call's tool name and identity
 
 
 def identity(name: str, arguments: Any) -> str:
-    """A tool call's identity: its name and arguments, canonical (key order ignored)."""
-    return orjson.dumps([name, arguments], option=orjson.OPT_SORT_KEYS).decode()
+    """A tool call's identity: its name and arguments, canonical (key order ignored).
+    Arguments nested deeper than orjson writes are named by their ``repr`` (the same for the
+    same arguments), never an error that would take the request's preparation down."""
+    try:
+        return orjson.dumps([name, arguments], option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError:
+        try:
+            text = repr(arguments)
+        except RecursionError:
+            text = "?"
+        return orjson.dumps([name, text]).decode()
 
 
 def identity_of(call: prune.Call | None) -> Keyed:
@@ -41,10 +50,7 @@ def identity_of(call: prune.Call | None) -> Keyed:
     if call is None:
         return "?", identity("?", None)
     name, raw, encoded = call
-    try:
-        return name, identity(name, prune.arguments_of(raw) if encoded else raw)
-    except orjson.JSONEncodeError:  # nested deeper than orjson writes: named by its text
-        return name, identity(name, raw if isinstance(raw, str) else "?")
+    return name, identity(name, prune.arguments_of(raw) if encoded else raw)
 
 
 @dataclass
