@@ -32,7 +32,7 @@ def test_remembered_answers_are_the_scan_s_own() -> None:
             copy = "".join(list(text))  # an equal string, not the same object
             assert controls._compaction_marker(copy) == controls._marker_of(text)
             assert controls._compaction_marker(copy) == ("codex" if CODEX in text else None)
-    assert len(controls._SEEN) <= _SEEN_TEXTS
+    assert controls._remembered_marker.cache_info().currsize <= _SEEN_TEXTS
 
 
 def test_a_marker_past_the_scanned_part_is_not_read() -> None:

@@ -7,6 +7,7 @@ on every route (a compress-or-not condition written at several sites drifts apar
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +36,6 @@ _SCANNED_CHARS = 20_000  # of each message read for a marker
 # ``_SEEN_TEXTS`` of them, 2.5 MB at most in ASCII.
 _REMEMBERED_FROM = 1_000
 _SEEN_TEXTS = 32
-_SEEN: dict[str, str | None] = {}
 
 
 @dataclass(frozen=True)
@@ -68,19 +68,8 @@ def _compaction_marker(text: str) -> str | None:
     An agent resends the same long instructions with every request (Claude Code's are
     ~20,000 characters), and lowering them and searching four phrases took ~40 us a request
     (#28). The answer for a long text is remembered by the text itself: a hit costs its hash
-    and one comparison (~5 us). Bounded: ``_SEEN_TEXTS`` texts, the oldest forgotten first."""
-    if len(text) < _REMEMBERED_FROM:
-        return _marker_of(text)
-    seen = _SEEN
-    if text in seen:
-        return seen[text]
-    client = seen[text] = _marker_of(text)
-    if len(seen) > _SEEN_TEXTS:
-        try:
-            seen.pop(next(iter(seen)), None)
-        except (RuntimeError, StopIteration):  # another thread changed it meanwhile
-            pass
-    return client
+    and one comparison (~5 us). Bounded: ``_SEEN_TEXTS`` texts, least recently used first."""
+    return _marker_of(text) if len(text) < _REMEMBERED_FROM else _remembered_marker(text)
 
 
 def _marker_of(text: str) -> str | None:
@@ -89,6 +78,9 @@ def _marker_of(text: str) -> str | None:
         if marker in lowered:
             return client
     return None
+
+
+_remembered_marker = functools.lru_cache(maxsize=_SEEN_TEXTS)(_marker_of)
 
 
 def is_client_summary(message: Message) -> bool:
