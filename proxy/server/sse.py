@@ -70,19 +70,18 @@ _TERMINAL_TYPES = frozenset(
         b"response.incomplete",
     }
 )
+# What a terminal event holds somewhere: the quick test of every relayed event.
+_MAY_END = (b"[DONE]", *sorted(_TERMINAL_TYPES))
 
 
 def is_terminal(event: bytes) -> bool:
     """Whether ``event`` ends its stream (pure; looks at the ``event:``/``data:`` lines)."""
-    if not (
-        b"[DONE]" in event
-        or b"message_stop" in event
-        or b"response.completed" in event
-        or b"response.failed" in event
-        or b"response.incomplete" in event
-    ):
-        # The common case (every event but the last), decided without parsing: searches
-        # written out, as a generator over the types cost twice as much (#28).
+    for marker in _MAY_END:
+        if marker in event:
+            break
+    else:
+        # The common case (every event but the last), decided without parsing. A plain
+        # loop: a generator in ``any`` cost twice as much per event (#28).
         return False
     for line in event.split(b"\n"):
         if line.startswith(b"data:") and line[5:].strip() == b"[DONE]":
