@@ -73,17 +73,6 @@ class Behaviour:
         return out
 
 
-def _counts(messages: Sequence[Message]) -> tuple[int, int]:
-    """Assistant turns, and user instructions (user messages that are not only tool results)."""
-    assistants = sum(1 for m in messages if m.get("role") == "assistant")
-    instructions = sum(
-        1
-        for m in messages
-        if m.get("role") == "user" and not (tool_results(m) and callwalk.only_results(m))
-    )
-    return assistants, instructions
-
-
 def ratio(counts: tuple[int, int]) -> float:
     """Assistant turns per user instruction."""
     assistants, instructions = counts
