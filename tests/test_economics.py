@@ -394,3 +394,58 @@ def test_the_headline_is_net_of_cache_and_calls_not_the_gross_figure(tmp_path: P
     assert "gross $" in first_tile
     row = listing["items"][0]
     assert row["net_saved_usd"] == pytest.approx(net)
+
+
+def test_requests_forwarded_as_sent_cost_what_the_client_would_have_paid(
+    tmp_path: Path,
+) -> None:
+    """A request the proxy forwards byte for byte is its own counterfactual: it saves and
+    loses nothing, whatever the provider's cache did. An upstream that caches nothing (or does
+    not say) must not show a loss the proxy never caused, nor the phantom report blame it."""
+    with (
+        ScriptedUpstream(cache_simulation=False) as up,
+        ProxyProcess(tmp_path, up.base_url, admin={"token": TOKEN}) as px,
+    ):
+        client = openai.OpenAI(base_url=px.base_url, api_key="sk-econ", max_retries=0)
+        for c in range(3):
+            _chat(client, 8, 400, f"uncached-{c}")  # past 1,024 tokens: cacheable
+        auth = {"authorization": f"Bearer {TOKEN}"}
+        stats = httpx.get(f"{px.root}/admin/api/stats", headers=auth, timeout=10).json()
+    totals, head = stats["totals"], stats["headline"]
+    assert totals["requests"] == 24 and totals["saved_tokens"] == 0
+    assert totals["actual_usd"] > 0
+    assert totals["counterfactual_usd"] == pytest.approx(totals["actual_usd"])
+    assert head["net_saved_usd"] == pytest.approx(0.0)
+    assert totals["cache_tokens_lost"] == 0
+    assert "saved nothing net over 24 requests" in head["phantom"]
+    assert "lost" not in head["phantom"]
+
+
+def test_the_first_request_sent_as_is_after_a_compaction_still_pays_for_its_cache(
+    tmp_path: Path,
+) -> None:
+    """Only while the provider's cache holds what the client's own requests would have put
+    there is an unchanged request its own counterfactual: the first one after a compacted
+    request misses the cache the client would have hit (the proxy's doing, priced); the next
+    one, or one after the cache's TTL, costs exactly what the client would have paid."""
+    store = DiskStore(tmp_path / "s")
+    plain = dict(case="none", original_tokens=30_000, forwarded_tokens=30_000,
+                 prompt_tokens=30_000, record=None, unchanged=True)  # fmt: skip
+    compacted = dict(case="summarize", forwarded_tokens=9_000, prompt_tokens=9_000)
+    nets = ledger.record_batch(
+        store,
+        [
+            (_entry(ts=1000.0, **plain), None),
+            (_entry(ts=1010.0, **compacted, original_tokens=30_500, record="r1"), None),
+            (_entry(ts=1020.0, **plain | {"original_tokens": 31_000}), None),
+            (_entry(ts=1030.0, **plain | {"original_tokens": 31_500}), None),
+            (_entry(ts=1040.0, **compacted, original_tokens=32_000, record="r2"), None),
+            (_entry(ts=1040.0 + 3600, **plain | {"original_tokens": 32_500}), None),
+        ],
+        None,
+    )
+    assert nets[0] == 0.0  # a new conversation, sent as is: nothing saved, nothing lost
+    assert nets[2] is not None and nets[2] < 0  # back to the client's bytes, cache missed
+    assert nets[3] == 0.0  # the client's bytes again, onto the client's cache
+    assert nets[5] == 0.0  # after the cache's TTL both would have started cold
+    store.close()

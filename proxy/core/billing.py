@@ -121,6 +121,7 @@ def request_saving(
     idle_s: float | None,
     cached: int,
     written: int = 0,
+    as_sent: bool = False,
 ) -> RequestSaving:
     """One forwarded request against the client's own request, both priced as billed.
 
@@ -128,14 +129,23 @@ def request_saving(
     while that is warm (``idle_s`` within the TTL; None: no previous request), the rest
     written where the provider bills writes. Actual: the forwarded prompt with the cache
     reads and writes the upstream reported. Output is the same on both sides: left out.
+
+    ``as_sent``: this request went upstream as the client sent it, and so did the one before
+    it while its prefix could still be cached: the client would have sent the same bytes onto
+    the same cache, so the counterfactual is what was billed. (The model's cache is an
+    estimate; priced against the provider's real figures it would book the provider's own
+    misses, or a cache it does not offer, as the proxy's loss or saving.)
     """
+    actual = input_cost(prices, forwarded_tokens, cached, written)
+    if as_sent:
+        return RequestSaving(0, 0, actual, actual)
     common = min(previous_original_tokens, original_tokens)
     would_be_cached = cached_prefix(rules, common, idle_s)
     counterfactual = bill(prices, rules, original_tokens, would_be_cached)
     return RequestSaving(
         gross_tokens=max(original_tokens - forwarded_tokens, 0),
         cache_tokens_lost=max(would_be_cached - cached, 0),
-        actual_usd=input_cost(prices, forwarded_tokens, cached, written),
+        actual_usd=actual,
         counterfactual_usd=counterfactual.usd,
     )
 

@@ -45,6 +45,8 @@ class PreparedView(Protocol):
     def decision(self) -> Decision: ...
     @property
     def reserve_tokens(self) -> int: ...
+    @property
+    def changed(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,9 @@ class RequestEntry:
     held: str | None = None
     # The provider's prompt-cache TTL the counterfactual is priced with (``billing``).
     cache_ttl_s: float | None = None
+    # The messages went upstream as the client sent them (no compaction in effect): then the
+    # request is its own counterfactual, whatever the provider's cache did (``billing``).
+    unchanged: bool = False
 
     @classmethod
     def of(
@@ -124,6 +129,7 @@ class RequestEntry:
             over_window=over and not prepared.shadow,
             held=held_reason(prepared),
             cache_ttl_s=cache_ttl_s,
+            unchanged=not prepared.changed,
         )
 
     @property

@@ -106,24 +106,25 @@ def _conv_apply(
     elif entry.status < 400 and entry.over_window:
         # The client could not have sent it: no counterfactual, so no saving either, and
         # nothing of it in the counterfactual cache of the next request.
-        meta["last_original_tokens"] = 0
+        meta.update(last_original_tokens=0, last_unchanged=False)
     elif entry.status < 400:
         rules = billing.rules_for(entry.model)
         if entry.cache_ttl_s is not None:
             rules = billing.with_ttl(rules, entry.cache_ttl_s)
         last = meta.get("last_seen")
+        idle = entry.ts - last if isinstance(last, int | float) else None
+        # The cache holds what the client's own requests would have put there when the last
+        # went as sent too (not assumed of rows older than this key), or has expired.
+        before_as_sent = meta.get("last_unchanged", last is None)
         found = billing.request_saving(
-            costs.prices_for(entry.model),
-            rules,
-            original_tokens=entry.original_tokens,
+            costs.prices_for(entry.model), rules, original_tokens=entry.original_tokens,
             forwarded_tokens=entry.forwarded_tokens,
-            previous_original_tokens=meta.get("last_original_tokens", 0),
-            idle_s=entry.ts - last if isinstance(last, int | float) else None,
-            cached=entry.cached_tokens,
-            written=entry.cache_write_tokens,
-        )
+            previous_original_tokens=meta.get("last_original_tokens", 0), idle_s=idle,
+            cached=entry.cached_tokens, written=entry.cache_write_tokens,
+            as_sent=entry.unchanged and (before_as_sent or not billing.warm(rules, idle)),
+        )  # fmt: skip
         _add_saving(meta, found)
-        meta["last_original_tokens"] = entry.original_tokens
+        meta.update(last_original_tokens=entry.original_tokens, last_unchanged=entry.unchanged)
         if entry.record:
             per = meta.setdefault("by_compaction", {}).setdefault(entry.record, {})
             per["requests"] = per.get("requests", 0) + 1
