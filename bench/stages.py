@@ -200,7 +200,7 @@ async def one(
     upstream = await client.send(client.request("POST", url, payload, headers))
     if stream:
         splitter = EventSplitter()
-        async for chunk in upstream.aiter_raw():
+        async for chunk in upstream.chunks():
             for _event in splitter.feed(chunk):
                 pass
     else:

@@ -1,10 +1,12 @@
 """``Forwarder.request`` builds the request ``AsyncClient.build_request`` would (#28).
 
-For a body of bytes it gives httpx the framing headers itself (``Host`` first,
-``Content-Length`` last) and the body as a stream, which is cheaper than letting httpx derive
-them; the request must stay the same in every byte the transport reads: method, URL, each
-header pair in order, the body, the timeouts. Checked against httpx's own build on fixed and
-generated header lists, bodies and URLs (default and explicit ports).
+For a body of bytes it gives the framing headers itself (``Host`` first, ``Content-Length``
+last), which is cheaper than letting httpx derive them; the request must stay the same in
+every byte a transport reads: method, URL, each header pair in order, the body, the
+timeouts, both as the ``h1`` transport writes it (``UpstreamRequest.head``, no httpx object)
+and as httpx's request the other transports get (``UpstreamRequest.httpx``). Checked against
+httpx's own build on fixed and generated header lists, bodies and URLs (default and explicit
+ports).
 """
 
 from __future__ import annotations
@@ -28,8 +30,15 @@ def same(url: str, content: bytes, headers: list[tuple[bytes, bytes]]) -> None:
     transport = httpx.MockTransport(lambda request: httpx.Response(200))
     c = httpx.AsyncClient(timeout=httpx.Timeout(30, connect=5), transport=transport)
     forwarder = Forwarder(c, transport)
-    ours = forwarder.request("POST", httpx.URL(url), content, headers)
+    call = forwarder.request("POST", httpx.URL(url), content, headers)
     theirs = c.build_request("POST", httpx.URL(url), content=content, headers=headers)
+    # What the h1 transport writes: the request line and httpx's header pairs, then the body.
+    wire = b"POST " + theirs.url.raw_path + b" HTTP/1.1\r\n"
+    wire += b"".join(name + b": " + value + b"\r\n" for name, value in theirs.headers.raw)
+    assert call.head() == wire + b"\r\n"
+    assert call.content == theirs.content == content
+    assert call.timeout == theirs.extensions["timeout"]
+    ours = call.httpx()  # what the other transports get
     assert ours.method == theirs.method
     assert ours.url == theirs.url
     assert ours.headers.raw == theirs.headers.raw

@@ -16,6 +16,7 @@ import httpx
 from proxy.adapters.aiotransport import AiohttpTransport
 from proxy.adapters.h1 import H1Transport
 from proxy.adapters.reach import classify, safe_url
+from proxy.adapters.upstreamcall import HttpxReply, RawHeaders, Reply, UpstreamRequest
 from proxy.config import Upstream
 from proxy.core.errors import BadRequest, UpstreamTimeout, UpstreamUnavailable, UpstreamUnreachable
 
@@ -95,11 +96,13 @@ class Forwarder:
     (docs/benchmarks.md, #16). Requests are built as ``AsyncClient.build_request`` builds
     them (the client's default headers under the request's own, the client's timeouts), and
     errors carry their request as the client's would, so ``mapped_errors`` names the URL.
+    Over the ``h1`` transport neither is an httpx object (``upstreamcall``, #28).
     """
 
     def __init__(self, client: httpx.AsyncClient, transport: httpx.AsyncBaseTransport) -> None:
         self.client = client
         self._transport = transport
+        self._h1 = transport if isinstance(transport, H1Transport) else None
         self._defaults = client.headers
         self._timeout = client.timeout.as_dict()
 
@@ -109,54 +112,42 @@ class Forwarder:
         url: httpx.URL,
         content: bytes,
         headers: list[tuple[bytes, bytes]],
-    ) -> httpx.Request:
+    ) -> UpstreamRequest:
         """The request as ``AsyncClient.build_request`` builds it: the client's default
         headers (those ``headers`` does not name) first, then ``headers``."""
         names = {name.lower() for name, _ in headers}
         merged = [pair for pair in self._defaults.raw if pair[0].lower() not in names]
         merged += headers
-        extensions = {"timeout": self._timeout}
         if not content or not names.isdisjoint(_FRAMING):
-            return httpx.Request(
-                method, url, content=content, headers=merged, extensions=extensions
+            built = httpx.Request(
+                method, url, content=content, headers=merged, extensions={"timeout": self._timeout}
+            )
+            return UpstreamRequest(
+                method, url, built.headers.raw, built.content, self._timeout, built
             )
         # What httpx's own encoding adds to a body of bytes (``Host`` first, ``Content-Length``
-        # last), given as the request's stream: the same request, without httpx deriving
-        # and re-checking them (~13 us -> ~5 us a request, #28; test_forward_request).
+        # last): the same request, without httpx deriving and re-checking them
+        # (test_forward_request).
         merged = [(b"Host", url.netloc), *merged, (b"Content-Length", b"%d" % len(content))]
-        request = httpx.Request(
-            method, url, headers=merged, stream=httpx.ByteStream(content), extensions=extensions
-        )
-        request.read()  # its content known, as for a body given as ``content``
-        return request
+        return UpstreamRequest(method, url, merged, content, self._timeout)
 
-    async def send(self, request: httpx.Request) -> httpx.Response:
-        """The answer with its body still to read (``chunks``, then ``aclose``)."""
+    async def send(self, request: UpstreamRequest) -> Reply:
+        """The answer with its body still to read (``chunks``, then ``aclose``); errors are
+        httpx's, carrying their request as the client's would."""
+        if self._h1 is not None:
+            try:
+                return await self._h1.exchange(request)
+            except httpx.HTTPError as exc:
+                exc.request = request.httpx()
+                raise
+        built = request.httpx()
         try:
-            response = await self._transport.handle_async_request(request)
+            response = await self._transport.handle_async_request(built)
         except httpx.HTTPError as exc:
-            exc.request = request
+            exc.request = built
             raise
-        response.request = request
-        return response
-
-    @staticmethod
-    def chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-        """The answer's body as it arrives, decoded (what ``aiter_bytes`` gives). One with no
-        ``Content-Encoding`` is read straight from the transport, without httpx's
-        per-response decoder and chunker set-up (~30 us a request)."""
-        if "content-encoding" in response.headers:
-            return response.aiter_bytes()
-        return _raw(response)
-
-
-async def _raw(response: httpx.Response) -> AsyncIterator[bytes]:
-    try:
-        async for chunk in response.stream:  # type: ignore[union-attr]
-            yield chunk
-    except httpx.HTTPError as exc:
-        exc.request = response.request  # as ``Response.aiter_raw`` attaches it
-        raise
+        response.request = built
+        return HttpxReply(response)
 
 
 def no_cookie_jar() -> http.cookiejar.CookieJar:
@@ -290,7 +281,7 @@ def set_pair(pairs: list[tuple[bytes, bytes]], name: str, value: str) -> None:
 
 
 def response_headers(
-    headers: Mapping[str, str] | httpx.Headers, *, drop: frozenset[str] = frozenset()
+    headers: Mapping[str, str] | httpx.Headers | RawHeaders, *, drop: frozenset[str] = frozenset()
 ) -> dict[str, str]:
     """Upstream response headers minus hop-by-hop ones (and any named in ``drop``)."""
     return {

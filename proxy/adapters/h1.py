@@ -24,216 +24,103 @@ checks on all three):
   the answer came back (RFC 9112 §9.3.1, as aiohttp does; a POST is never sent twice);
 - the body is never decoded here (httpx decodes ``Content-Encoding``); no cookies, no
   redirects, no environment proxies (``trust_env`` is off for every transport).
+
+The chat routes call ``exchange`` instead (``Forwarder.send``): the same request and the same
+connection handling, without httpx's request, response and stream objects around them
+(``upstreamcall``; ~50 us a request, #28). ``handle_async_request`` serves httpx's client
+(the proxy's own detector and summarizer calls, the other routes).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import ssl
 import sys
 from collections.abc import AsyncIterator
 
-import httptools
 import httpx
 
-# Past this much unread body the socket stops being read (the client is slower than the
-# upstream); reading resumes once the relay has taken it.
-HIGH_WATER = 1024 * 1024
+from proxy.adapters.h1conn import Conn, Gone, Requested, mapped
+from proxy.adapters.upstreamcall import RawHeaders, UpstreamRequest, httpx_of
+
 # A request body up to this size is joined to its head and sent in one write.
 ONE_WRITE = 64 * 1024
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
 
 
-class _Gone(Exception):
-    """The connection ended before any of the answer arrived (a kept one may be retried)."""
-
-
-class _Conn(asyncio.Protocol):
-    """One connection and the answer in progress on it."""
-
-    def __init__(self, key: tuple[str, str, int]) -> None:
-        self.key = key
-        self.idle_since = 0.0
-        self.transport: asyncio.Transport | None = None
-        self.closed = False
-        self._parser = httptools.HttpResponseParser(self)
-        self._reset()
-
-    def _reset(self) -> None:
-        self.status = 0
-        self.reason = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.head_done = False
-        self.complete = False
-        self.keep_alive = False
-        self.error: Exception | None = None
-        self.got_bytes = False
-        self.head_only = False
-        self.chunks: collections.deque[bytes] = collections.deque()
-        self.buffered = 0
-        self.paused = False
-        self._waiter: asyncio.Future[None] | None = None
-
-    # ---- asyncio.Protocol ----------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # (uvloop's is no subclass)
-
-    def data_received(self, data: bytes) -> None:
-        self.got_bytes = True
-        if self.complete:
-            return  # bytes after a HEAD answer's head: the connection is not reused
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserError as exc:
-            self._fail(httpx.RemoteProtocolError(f"malformed answer from the upstream: {exc}"))
-            self.close()
-
-    def eof_received(self) -> bool | None:
-        if self.head_done and not self.complete and self._delimited_by_close():
-            self.complete = True  # a body without a length ends with the connection
-            self._wake()
-        return None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        if not self.complete and exc is None and self.head_done and self._delimited_by_close():
-            self.complete = True  # (over TLS the end may come without eof_received)
-            self._wake()
-        if self.complete:
+async def _stream(conn: Conn, read: float | None, request: Requested) -> AsyncIterator[bytes]:
+    """The answer's body as it arrives on ``conn`` (each wait bounded by ``read``)."""
+    while True:
+        while conn.chunks:
+            yield conn.take()
+        if conn.complete:
             return
-        if not self.got_bytes:
-            self._fail(_Gone(str(exc) if exc else "connection closed"))
-        elif exc is not None:
-            self._fail(httpx.ReadError(str(exc) or type(exc).__name__))
-        else:
-            self._fail(httpx.RemoteProtocolError("upstream closed the connection mid-answer"))
-
-    def pause_writing(self) -> None:  # the request is one write; nothing to hold back
-        pass
-
-    def resume_writing(self) -> None:
-        pass
-
-    # ---- httptools callbacks -------------------------------------------------------------
-    def on_status(self, reason: bytes) -> None:
-        self.reason = reason
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self.status = self._parser.get_status_code()
-        if 100 <= self.status < 200:
-            return  # an interim answer (103 Early Hints): the real one follows
-        self.head_done = True
-        if self.head_only:
-            self.complete = True  # a HEAD answer has no body whatever its length says
-        self._wake()
-
-    def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
-        self.buffered += len(body)
-        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
-        self._wake()
-
-    def on_message_complete(self) -> None:
-        if not self.head_done:
-            self.headers = []  # the interim answer's headers are not the answer's
-            return
-        self.complete = True
-        self.keep_alive = self._parser.should_keep_alive()
-        self._wake()
-
-    # ---- used by the transport and the body stream ---------------------------------------
-    def _delimited_by_close(self) -> bool:
-        names = {name.lower() for name, _ in self.headers}
-        return b"content-length" not in names and b"transfer-encoding" not in names
-
-    def _fail(self, exc: Exception) -> None:
-        if self.error is None:
-            self.error = exc
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def wait(self, timeout: float | None, request: httpx.Request) -> None:
-        """Until something more happened (bytes, the end, an error); ``httpx.ReadTimeout``
-        after ``timeout``. (A timer on the future: ``asyncio.timeout`` costs several times
-        more, and this runs for every answer.)"""
-        loop = asyncio.get_running_loop()
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
-        try:
-            await waiter
-        except TimeoutError as exc:
-            raise httpx.ReadTimeout("upstream read timed out", request=request) from exc
-        finally:
-            self._waiter = None
-            if timer is not None:
-                timer.cancel()
-
-    def take(self) -> bytes:
-        chunk = self.chunks.popleft()
-        self.buffered -= len(chunk)
-        if self.paused and self.buffered <= HIGH_WATER // 2 and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
-        return chunk
-
-    def start(self, head_only: bool) -> None:
-        self._reset()
-        self.head_only = head_only
-
-    def close(self) -> None:
-        self.closed = True
-        if self.transport is not None:
-            self.transport.close()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
+        if conn.error is not None:
+            raise mapped(conn.error, request)
+        await conn.wait(read, request)
 
 
 class _Body(httpx.AsyncByteStream):
-    def __init__(self, conn: _Conn, owner: H1Transport, request: httpx.Request) -> None:
+    def __init__(self, conn: Conn, owner: H1Transport, request: httpx.Request) -> None:
         self._conn = conn
         self._owner = owner
         self._request = request
         self._released = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn = self._conn
         read = self._request.extensions.get("timeout", {}).get("read")
-        while True:
-            while conn.chunks:
-                yield conn.take()
-            if conn.complete:
-                return
-            if conn.error is not None:
-                raise _mapped(conn.error, self._request)
-            await conn.wait(read, self._request)
+        async for chunk in _stream(self._conn, read, self._request):
+            yield chunk
 
     async def aclose(self) -> None:
         if not self._released:
             self._released = True
-            done = self._conn.complete and not self._conn.chunks
-            self._owner.release(self._conn, reuse=done and self._conn.keep_alive)
+            self._owner.done_with(self._conn)
 
 
-def _mapped(exc: Exception, request: httpx.Request) -> httpx.HTTPError:
-    if isinstance(exc, httpx.HTTPError):
-        exc.request = request
-        return exc
-    return httpx.RemoteProtocolError(
-        f"upstream closed the connection without answering ({exc})", request=request
+def _response(conn: Conn, owner: H1Transport, request: httpx.Request) -> httpx.Response:
+    return httpx.Response(
+        status_code=conn.status,
+        headers=conn.headers,
+        stream=_Body(conn, owner, request),
+        request=request,
+        extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason},
     )
+
+
+class H1Reply:
+    """``exchange``'s answer (an ``upstreamcall.Reply``). A body with a ``Content-Encoding``
+    is read through httpx's response, which decodes it as ``aiter_bytes`` does."""
+
+    __slots__ = ("status_code", "headers", "_conn", "_owner", "_request", "_done", "_decoded")
+
+    def __init__(self, conn: Conn, owner: H1Transport, request: UpstreamRequest) -> None:
+        self.status_code = conn.status
+        self.headers = RawHeaders(conn.headers)
+        self._conn, self._owner, self._request = conn, owner, request
+        self._done = False
+        self._decoded: httpx.Response | None = None
+
+    def _encoded(self) -> httpx.Response | None:
+        if self._decoded is None and "content-encoding" in self.headers:
+            self._decoded = _response(self._conn, self._owner, self._request.httpx())
+        return self._decoded
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        decoded = self._encoded()
+        if decoded is not None:
+            return decoded.aiter_bytes()
+        return _stream(self._conn, self._request.timeout.get("read"), self._request)
+
+    async def aread(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def aclose(self) -> None:
+        if self._decoded is not None:
+            await self._decoded.aclose()  # its stream gives the connection back
+        elif not self._done:
+            self._done = True
+            self._owner.done_with(self._conn)
 
 
 class H1Transport(httpx.AsyncBaseTransport):
@@ -244,7 +131,7 @@ class H1Transport(httpx.AsyncBaseTransport):
         keep = limits.max_keepalive_connections
         self._keep = keep if keep is not None else sys.maxsize
         self._expiry = limits.keepalive_expiry
-        self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
+        self._idle: dict[tuple[str, str, int], list[Conn]] = {}
         self._slots: asyncio.Semaphore | None = None
         self._ssl: ssl.SSLContext | None = None
 
@@ -254,61 +141,81 @@ class H1Transport(httpx.AsyncBaseTransport):
         return self._ssl
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        timeout = request.extensions.get("timeout", {})
         try:
             body: bytes = request.content
         except httpx.RequestNotRead:
             body = await request.aread()
-        url = request.url
-        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         head = bytearray(request.method.encode("ascii"))
-        head += b" " + url.raw_path + b" HTTP/1.1\r\n"
+        head += b" " + request.url.raw_path + b" HTTP/1.1\r\n"
         for name, value in request.headers.raw:
             head += name + b": " + value + b"\r\n"
         head += b"\r\n"
+        timeout = request.extensions.get("timeout", {})
+        conn = await self._send(request.method, request.url, bytes(head), body, timeout, request)
+        return _response(conn, self, request)
+
+    async def exchange(self, request: UpstreamRequest) -> H1Reply:
+        """``request`` sent as it is; its answer with the body still to read."""
+        head = request.head()
+        conn = await self._send(
+            request.method, request.url, head, request.content, request.timeout, request
+        )
+        return H1Reply(conn, self, request)
+
+    async def _send(
+        self,
+        method: str,
+        url: httpx.URL,
+        head: bytes,
+        body: bytes,
+        timeout: dict[str, float | None],
+        request: Requested,
+    ) -> Conn:
+        """A connection with the answer's head read (its slot held until ``done_with``)."""
+        key = (url.scheme, url.host, url.port or (443 if url.scheme == "https" else 80))
         await self._take_slot(timeout.get("pool"), request)
         try:
             for attempt in (0, 1):
                 conn, reused = await self._connection(key, timeout.get("connect"), request)
-                conn.start(head_only=request.method == "HEAD")
+                conn.start(head_only=method == "HEAD")
                 assert conn.transport is not None
                 if len(body) < ONE_WRITE:
-                    conn.transport.write(bytes(head) + body)
+                    conn.transport.write(head + body)
                 else:  # not copied into one buffer
-                    conn.transport.writelines((bytes(head), body))
+                    conn.transport.writelines((head, body))
                 try:
                     await self._head(conn, timeout.get("read"), request)
-                except _Gone:
+                except Gone:
                     conn.close()
-                    if reused and attempt == 0 and request.method in IDEMPOTENT:
+                    if reused and attempt == 0 and method in IDEMPOTENT:
                         continue  # the server had closed this kept connection meanwhile
                     raise httpx.RemoteProtocolError(
-                        "upstream closed the connection without answering", request=request
+                        "upstream closed the connection without answering",
+                        request=httpx_of(request),
                     ) from None
                 except BaseException:
                     conn.close()
                     raise
-                return httpx.Response(
-                    status_code=conn.status,
-                    headers=conn.headers,
-                    stream=_Body(conn, self, request),
-                    request=request,
-                    extensions={"http_version": b"HTTP/1.1", "reason_phrase": conn.reason},
-                )
+                return conn
         except BaseException:
             self._free_slot()
             raise
         raise AssertionError("unreachable")
 
-    async def _head(self, conn: _Conn, read: float | None, request: httpx.Request) -> None:
+    def done_with(self, conn: Conn) -> None:
+        """An answer's reader is done: its connection kept if read to its end, else closed."""
+        done = conn.complete and not conn.chunks
+        self.release(conn, reuse=done and conn.keep_alive)
+
+    async def _head(self, conn: Conn, read: float | None, request: Requested) -> None:
         while not conn.head_done:
             if conn.error is not None:
-                if isinstance(conn.error, _Gone):
+                if isinstance(conn.error, Gone):
                     raise conn.error
-                raise _mapped(conn.error, request)
+                raise mapped(conn.error, request)
             await conn.wait(read, request)
 
-    async def _take_slot(self, pool: float | None, request: httpx.Request) -> None:
+    async def _take_slot(self, pool: float | None, request: Requested) -> None:
         if not self._max:
             return
         if self._slots is None:
@@ -322,15 +229,17 @@ class H1Transport(httpx.AsyncBaseTransport):
             async with asyncio.timeout(pool):
                 await self._slots.acquire()
         except TimeoutError as exc:
-            raise httpx.PoolTimeout("no free upstream connection in time", request=request) from exc
+            raise httpx.PoolTimeout(
+                "no free upstream connection in time", request=httpx_of(request)
+            ) from exc
 
     def _free_slot(self) -> None:
         if self._slots is not None:
             self._slots.release()
 
     async def _connection(
-        self, key: tuple[str, str, int], connect: float | None, request: httpx.Request
-    ) -> tuple[_Conn, bool]:
+        self, key: tuple[str, str, int], connect: float | None, request: Requested
+    ) -> tuple[Conn, bool]:
         loop = asyncio.get_running_loop()
         idle = self._idle.get(key)
         while idle:
@@ -344,16 +253,20 @@ class H1Transport(httpx.AsyncBaseTransport):
         try:
             async with asyncio.timeout(connect):
                 _, conn = await loop.create_connection(
-                    lambda: _Conn(key), host, port, ssl=tls, server_hostname=host if tls else None
+                    lambda: Conn(key), host, port, ssl=tls, server_hostname=host if tls else None
                 )
         except TimeoutError as exc:
-            raise httpx.ConnectTimeout("upstream connect timed out", request=request) from exc
+            raise httpx.ConnectTimeout(
+                "upstream connect timed out", request=httpx_of(request)
+            ) from exc
         except OSError as exc:
             # The OS error (refused, DNS, TLS) is what proxy.reach.classify reads.
-            raise httpx.ConnectError(str(exc) or type(exc).__name__, request=request) from exc
+            raise httpx.ConnectError(
+                str(exc) or type(exc).__name__, request=httpx_of(request)
+            ) from exc
         return conn, False
 
-    def release(self, conn: _Conn, reuse: bool) -> None:
+    def release(self, conn: Conn, reuse: bool) -> None:
         """An answer is done with: its connection back to the pool, or closed."""
         idle = self._idle.setdefault(conn.key, [])
         if reuse and not conn.closed and len(idle) < self._keep:

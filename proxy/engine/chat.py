@@ -20,6 +20,7 @@ import httpx
 import orjson
 
 from proxy.adapters.forward import Forwarder, set_pair, upstream_pairs, upstream_url
+from proxy.adapters.upstreamcall import UpstreamRequest
 from proxy.core.fingerprint import tenant_id
 from proxy.core.headers import compaction_headers
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, Surface
@@ -48,7 +49,7 @@ class Outgoing:
     """What to send upstream for one chat request, and how to relay the answer."""
 
     call: Call
-    request: httpx.Request
+    request: UpstreamRequest
     own: dict[str, str]  # the proxy's own response headers (x-compaction-*)
     surface: Surface
     stream: bool
@@ -58,7 +59,7 @@ class Outgoing:
     headers: list[tuple[bytes, bytes]]  # what went upstream with ``request``
     client_body: bytes | None  # the client's own body, when the compaction changed it
 
-    async def fallback(self) -> httpx.Request | None:
+    async def fallback(self) -> UpstreamRequest | None:
         """The client's own body, when the upstream refused (400) the one the compaction
         changed and the service agrees to send it once (``Service.send_as_sent``)."""
         if self.client_body is None or not await self.service.send_as_sent(self.call):

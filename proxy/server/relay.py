@@ -23,7 +23,8 @@ import httpx
 import orjson
 from starlette.types import Receive, Send
 
-from proxy.adapters.forward import Forwarder, mapped_errors, response_headers
+from proxy.adapters.forward import mapped_errors, response_headers
+from proxy.adapters.upstreamcall import Reply
 from proxy.core.errors import UpstreamError
 from proxy.core.surfaces import Surface, model_of, usage_of
 from proxy.engine.chat import Outgoing
@@ -35,7 +36,7 @@ from proxy.server.sse import EventSplitter, event_json, is_terminal, is_usage_on
 log = logging.getLogger("compaction_proxy.server")
 # Set by the server answering (uvicorn): relaying the upstream's too would send two of each.
 SERVER_SET = frozenset({"date", "server"})
-# Not relayed on the routes the proxy reads: it relays the body decoded (Forwarder.chunks).
+# Not relayed on the routes the proxy reads: it relays the body decoded (``Reply.chunks``).
 RELAY_DROPPED = frozenset({"content-encoding"}) | SERVER_SET
 
 
@@ -177,7 +178,7 @@ async def forward_whole(out: Outgoing, send: Send, receive: Receive) -> None:
     )
 
 
-async def _or_fallback(out: Outgoing) -> httpx.Response:
+async def _or_fallback(out: Outgoing) -> Reply:
     """The upstream's answer to ``out.request``, or to the client's own body when the
     upstream refused (400) what was sent and ``out.fallback`` gives it (the refused answer is
     discarded unread). The service hears how that second request was answered before the
@@ -194,14 +195,12 @@ async def _or_fallback(out: Outgoing) -> httpx.Response:
     return upstream
 
 
-async def _read_up_to(
-    upstream: httpx.Response, limit: int
-) -> tuple[bytes, AsyncIterator[bytes] | None]:
+async def _read_up_to(upstream: Reply, limit: int) -> tuple[bytes, AsyncIterator[bytes] | None]:
     """The body if it ends within ``limit`` bytes (and None); else what was read so far and
     the rest of the body still to come."""
     chunks: list[bytes] = []
     size = 0
-    rest = Forwarder.chunks(upstream)
+    rest = upstream.chunks()
     async for chunk in rest:
         chunks.append(chunk)
         size += len(chunk)
@@ -211,7 +210,7 @@ async def _read_up_to(
 
 
 async def _relay_whole(
-    upstream: httpx.Response,
+    upstream: Reply,
     head: bytes,
     rest: AsyncIterator[bytes],
     deadline: float,
@@ -265,7 +264,7 @@ async def forward_stream(out: Outgoing, send: Send, receive: Receive) -> None:
 
 
 async def _relay_events(
-    surface: Surface, upstream: httpx.Response, drop_usage: bool, ending: Ending
+    surface: Surface, upstream: Reply, drop_usage: bool, ending: Ending
 ) -> AsyncGenerator[bytes, None]:
     """Relay SSE events as they complete; read usage from the events that carry it.
 
@@ -279,7 +278,7 @@ async def _relay_events(
     try:
         # Decoded: a provider may compress the stream (the client gets it plain, as the
         # relayed headers, without Content-Encoding, say).
-        async for chunk in Forwarder.chunks(upstream):
+        async for chunk in upstream.chunks():
             # Every event completed by this read goes out at once, in one write: nothing
             # waits for later bytes, and the client is not sent one syscall per event.
             out = []

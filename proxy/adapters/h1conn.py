@@ -1,0 +1,186 @@
+"""One HTTP/1.1 connection of the ``h1`` transport (``proxy.adapters.h1``) and the answer in
+progress on it: the answer's head and body parsed by httptools (C) as they arrive, the body
+kept as the chunks the relay reads, the socket's reading paused past ``HIGH_WATER`` unread."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+
+import httptools
+import httpx
+
+from proxy.adapters.upstreamcall import UpstreamRequest, httpx_of
+
+# Past this much unread body the socket stops being read (the client is slower than the
+# upstream); reading resumes once the relay has taken it.
+HIGH_WATER = 1024 * 1024
+
+# What an error names as its request: httpx's, or ours (its httpx request built then).
+Requested = httpx.Request | UpstreamRequest
+
+
+class Gone(Exception):
+    """The connection ended before any of the answer arrived (a kept one may be retried)."""
+
+
+class Conn(asyncio.Protocol):
+    """One connection and the answer in progress on it."""
+
+    def __init__(self, key: tuple[str, str, int]) -> None:
+        self.key = key
+        self.idle_since = 0.0
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._parser = httptools.HttpResponseParser(self)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.reason = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.error: Exception | None = None
+        self.got_bytes = False
+        self.head_only = False
+        self.chunks: collections.deque[bytes] = collections.deque()
+        self.buffered = 0
+        self.paused = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    # ---- asyncio.Protocol ----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # (uvloop's is no subclass)
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        if self.complete:
+            return  # bytes after a HEAD answer's head: the connection is not reused
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(httpx.RemoteProtocolError(f"malformed answer from the upstream: {exc}"))
+            self.close()
+
+    def eof_received(self) -> bool | None:
+        if self.head_done and not self.complete and self._delimited_by_close():
+            self.complete = True  # a body without a length ends with the connection
+            self._wake()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if not self.complete and exc is None and self.head_done and self._delimited_by_close():
+            self.complete = True  # (over TLS the end may come without eof_received)
+            self._wake()
+        if self.complete:
+            return
+        if not self.got_bytes:
+            self._fail(Gone(str(exc) if exc else "connection closed"))
+        elif exc is not None:
+            self._fail(httpx.ReadError(str(exc) or type(exc).__name__))
+        else:
+            self._fail(httpx.RemoteProtocolError("upstream closed the connection mid-answer"))
+
+    def pause_writing(self) -> None:  # the request is one write; nothing to hold back
+        pass
+
+    def resume_writing(self) -> None:
+        pass
+
+    # ---- httptools callbacks -------------------------------------------------------------
+    def on_status(self, reason: bytes) -> None:
+        self.reason = reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self._parser.get_status_code()
+        if 100 <= self.status < 200:
+            return  # an interim answer (103 Early Hints): the real one follows
+        self.head_done = True
+        if self.head_only:
+            self.complete = True  # a HEAD answer has no body whatever its length says
+        self._wake()
+
+    def on_body(self, body: bytes) -> None:
+        self.chunks.append(body)
+        self.buffered += len(body)
+        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+        self._wake()
+
+    def on_message_complete(self) -> None:
+        if not self.head_done:
+            self.headers = []  # the interim answer's headers are not the answer's
+            return
+        self.complete = True
+        self.keep_alive = self._parser.should_keep_alive()
+        self._wake()
+
+    # ---- used by the transport and the body stream ---------------------------------------
+    def _delimited_by_close(self) -> bool:
+        names = {name.lower() for name, _ in self.headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+    def _fail(self, exc: Exception) -> None:
+        if self.error is None:
+            self.error = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait(self, timeout: float | None, request: Requested) -> None:
+        """Until something more happened (bytes, the end, an error); ``httpx.ReadTimeout``
+        after ``timeout``. (A timer on the future: ``asyncio.timeout`` costs several times
+        more, and this runs for every answer.)"""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
+        try:
+            await waiter
+        except TimeoutError as exc:
+            raise httpx.ReadTimeout("upstream read timed out", request=httpx_of(request)) from exc
+        finally:
+            self._waiter = None
+            if timer is not None:
+                timer.cancel()
+
+    def take(self) -> bytes:
+        chunk = self.chunks.popleft()
+        self.buffered -= len(chunk)
+        if self.paused and self.buffered <= HIGH_WATER // 2 and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
+        return chunk
+
+    def start(self, head_only: bool) -> None:
+        self._reset()
+        self.head_only = head_only
+
+    def close(self) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
+
+
+def mapped(exc: Exception, request: Requested) -> httpx.HTTPError:
+    """A connection's error as the httpx error its request's reader raises."""
+    if isinstance(exc, httpx.HTTPError):
+        exc.request = httpx_of(request)
+        return exc
+    return httpx.RemoteProtocolError(
+        f"upstream closed the connection without answering ({exc})", request=httpx_of(request)
+    )
