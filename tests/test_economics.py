@@ -112,6 +112,63 @@ async def test_cost_policy_waits_while_the_cache_is_warm_and_compacts_once_it_is
     store.close()
 
 
+async def test_a_provider_seen_not_to_cache_has_no_cache_to_break(tmp_path: Path) -> None:
+    """The conversation's requests sent as is read nothing from the provider's cache where
+    its rules said they would (no prompt cache, or an Anthropic client that marks nothing):
+    the cost policy compacts a warm conversation the same rules would hold back, and the
+    ledger prices the client's own requests without the cache they never had."""
+    settings = CompactionSettings(policy="cost")
+    store = DiskStore(tmp_path / "s")
+    llm = ScriptedLLM()
+    engine = Compactor(settings, store, llm, Prompts("d", "s"))
+    messages = history(14, words=600)
+    first = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1000.0)
+    key = conv_key("conv", first.tenant, first.conversation)
+    row = {"requests": 90, "last_seen": 1000.0}
+    store.set(key, row | {"cache_checks": billing.CACHE_CHECKS, "cache_reads": 1})
+    held = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1020.0)
+    assert held.decision.action == "forward" and "cache warm" in held.decision.reason
+    store.set(key, row | {"cache_checks": billing.CACHE_CHECKS - 1, "cache_reads": 0})
+    held = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1020.0)
+    assert held.decision.action == "forward" and llm.calls == []  # too few checks yet
+    store.set(key, row | {"cache_checks": billing.CACHE_CHECKS, "cache_reads": 0})
+    done = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1020.0)
+    assert done.decision.action == "inline" and "no cache reads" in done.decision.reason
+    assert done.record is not None and llm.summaries == 1
+    store.close()
+
+
+def test_the_ledger_learns_a_provider_caches_nothing_and_prices_without_a_cache(
+    tmp_path: Path,
+) -> None:
+    store = DiskStore(tmp_path / "s")
+    p = costs.prices_for(CLAUDE)
+
+    def session(cached: int) -> list[float | None]:
+        sent = [
+            _entry(ts=1000.0 + 10 * i, conversation=f"c{cached}", case="none", model=CLAUDE,
+                   original_tokens=20_000 + 500 * i, forwarded_tokens=20_000 + 500 * i,
+                   prompt_tokens=20_000 + 500 * i, cached_tokens=cached, record=None,
+                   unchanged=True)
+            for i in range(billing.CACHE_CHECKS + 1)
+        ]  # fmt: skip
+        compacted = _entry(ts=1100.0, conversation=f"c{cached}", case="summarize",
+                           model=CLAUDE, original_tokens=24_000, forwarded_tokens=9_000,
+                           prompt_tokens=9_000, record="r1")  # fmt: skip
+        return ledger.record_batch(store, [(e, None) for e in [*sent, compacted]], None)
+
+    uncached = session(0)
+    assert uncached[:-1] == [0.0] * (billing.CACHE_CHECKS + 1)
+    # The client's own request would have been read in full, as the forwarded one was.
+    assert uncached[-1] == pytest.approx((24_000 - 9_000) * p.input)
+    cached = session(1024)  # a provider that does cache: the counterfactual reads its prefix
+    assert cached[-1] is not None and cached[-1] < uncached[-1]
+    rows = {c: store.get(conv_key("conv", "t", c)) for c in ("c0", "c1024")}
+    assert rows["c0"]["cache_checks"] == billing.CACHE_CHECKS  # the first had no previous
+    assert (rows["c0"]["cache_reads"], rows["c1024"]["cache_reads"]) == (0, billing.CACHE_CHECKS)
+    store.close()
+
+
 # ---- no treadmill ----------------------------------------------------------------------------
 
 

@@ -36,6 +36,7 @@ class CacheRules:
     min_tokens: int = 1024
     step: int = 1
     writes_billed: bool = False  # the uncached tail is written at ``write`` (Anthropic)
+    caches: bool = True  # False: every prompt is read in full at the input price
 
 
 ANTHROPIC = CacheRules("anthropic", 0.1, 1.25, 300.0, 1024, 1, writes_billed=True)
@@ -43,6 +44,12 @@ OPENAI = CacheRules("openai", 0.5, 1.0, 600.0, 1024, 128)
 # Other providers (LiteLLM-routed): prefix caching like OpenAI's, the shorter TTL.
 OTHER = CacheRules("other", 0.5, 1.0, 300.0, 1024, 128)
 _RULES = {"anthropic": ANTHROPIC, "openai": OPENAI}
+# A provider seen not to cache: one without a prompt cache, or Anthropic's API for a client
+# that marks nothing (it caches only up to the client's ``cache_control`` marks).
+UNCACHED = CacheRules("uncached", 1.0, 1.0, 0.0, caches=False)
+# A conversation's requests sent as is that could each have read the previous one's prefix
+# from the cache (the rules' prediction) and read none: then the provider does not cache it.
+CACHE_CHECKS = 5
 
 
 def rules_for(model: str, settings: CompactionSettings | None = None) -> CacheRules:
@@ -65,7 +72,20 @@ def with_ttl(rules: CacheRules, ttl_s: float) -> CacheRules:
 
 def warm(rules: CacheRules, idle_s: float | None) -> bool:
     """Whether a prefix sent ``idle_s`` seconds ago is still cached (None: never sent)."""
-    return idle_s is not None and 0 <= idle_s <= rules.ttl_s
+    return rules.caches and idle_s is not None and 0 <= idle_s <= rules.ttl_s
+
+
+def observed(rules: CacheRules, meta: object) -> CacheRules:
+    """``rules``, or ``UNCACHED`` when the conversation's ledger row (``meta``) says the
+    provider served none of ``CACHE_CHECKS`` or more of its requests sent as is from its cache
+    although the rules predicted it would: priced then as billed, without a cache, both the
+    counterfactual (the client's own requests would not have been cached either) and the
+    cost policy's forecast (a compaction breaks no cache)."""
+    if isinstance(meta, dict):
+        checks, reads = meta.get("cache_checks"), meta.get("cache_reads")
+        if isinstance(checks, int) and checks >= CACHE_CHECKS and not reads:
+            return UNCACHED
+    return rules
 
 
 def cached_prefix(rules: CacheRules, common_tokens: int, idle_s: float | None) -> int:
@@ -103,11 +123,30 @@ def bill(prices: Prices, rules: CacheRules, prompt: int, cached: int, output: in
     return Bill(prompt, cached, written, output, usd)
 
 
+def cache_check(
+    rules: CacheRules, meta: dict[str, object], common: int, idle_s: float | None, cached: int
+) -> dict[str, int]:
+    """``observed``'s counts after one more request sent as is onto the client's own cache:
+    counted when ``rules`` predicted it would read its ``common`` prefix with the previous
+    one from the cache (a read when the provider reported any cached token)."""
+    if not cached_prefix(rules, common, idle_s):
+        return {}
+    checks, reads = meta.get("cache_checks"), meta.get("cache_reads")
+    return {
+        "cache_checks": (checks if isinstance(checks, int) else 0) + 1,
+        "cache_reads": (reads if isinstance(reads, int) else 0) + (cached > 0),
+    }
+
+
 def _read_price(prices: Prices, rules: CacheRules) -> float:
+    if not rules.caches:
+        return prices.input
     return prices.cache_read or prices.input * rules.read
 
 
 def _write_price(prices: Prices, rules: CacheRules) -> float:
+    if not rules.caches:
+        return prices.input
     return prices.cache_write or prices.input * rules.write
 
 
@@ -202,13 +241,17 @@ def forecast(
 
 __all__ = [
     "ANTHROPIC",
+    "CACHE_CHECKS",
     "OPENAI",
+    "UNCACHED",
     "Bill",
     "CacheRules",
     "Forecast",
     "bill",
+    "cache_check",
     "cached_prefix",
     "forecast",
+    "observed",
     "over_window",
     "prices_for",
     "request_saving",

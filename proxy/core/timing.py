@@ -107,9 +107,10 @@ def judge(
     if s.policy != "cost" or forwarded_tokens <= s.trigger_tokens:
         return ALWAYS
     meta = meta if isinstance(meta, dict) else {}
-    rules = billing.rules_for(model, s)
+    # A provider the conversation showed to cache none of its requests: no cache to break.
+    rules = billing.observed(billing.rules_for(model, s), meta)
     idle = idle_seconds(meta, now)
-    cold = idle is not None and not billing.warm(rules, idle)
+    cold = not rules.caches or idle is not None and not billing.warm(rules, idle)
     remaining = after if after is not None else expected_after(s, head_tokens, forwarded_tokens)
     span = max(forwarded_tokens - remaining, 0)
     window = s.detector_window_messages * s.detector_chars_per_message // 4
@@ -148,6 +149,8 @@ def judge(
             cold=found.net > 0,
             reason=(
                 f"cache cold (idle {idle:.0f} s > TTL {rules.ttl_s:.0f} s)"
+                if found.net > 0 and idle is not None and rules.caches
+                else "no cache reads seen from the provider"
                 if found.net > 0
                 else f"cache cold but the calls would cost more (net ${found.net:.4f})"
             ),

@@ -33,9 +33,8 @@ CLIENT_CLOSED = 499  # the status a stream the client abandoned is recorded with
 
 
 def _add_saving(meta: dict[str, Any], saving: costs.RequestSaving) -> None:
-    meta["cache_tokens_lost"] = meta.get("cache_tokens_lost", 0) + saving.cache_tokens_lost
-    meta["actual_usd"] = meta.get("actual_usd", 0.0) + saving.actual_usd
-    meta["counterfactual_usd"] = meta.get("counterfactual_usd", 0.0) + saving.counterfactual_usd
+    for key, zero in (("cache_tokens_lost", 0), ("actual_usd", 0.0), ("counterfactual_usd", 0.0)):
+        meta[key] = meta.get(key, zero) + getattr(saving, key)
 
 
 def net_usd(meta: dict[str, Any]) -> float:
@@ -111,18 +110,22 @@ def _conv_apply(
         rules = billing.rules_for(entry.model)
         if entry.cache_ttl_s is not None:
             rules = billing.with_ttl(rules, entry.cache_ttl_s)
-        last = meta.get("last_seen")
+        seen = billing.observed(rules, meta)  # (none, if the provider showed it caches none)
+        last, previous = meta.get("last_seen"), meta.get("last_original_tokens", 0)
         idle = entry.ts - last if isinstance(last, int | float) else None
         # The cache holds what the client's own requests would have put there when the last
         # went as sent too (not assumed of rows older than this key), or has expired.
         before_as_sent = meta.get("last_unchanged", last is None)
+        as_sent = entry.unchanged and (before_as_sent or not billing.warm(seen, idle))
         found = billing.request_saving(
-            costs.prices_for(entry.model), rules, original_tokens=entry.original_tokens,
-            forwarded_tokens=entry.forwarded_tokens,
-            previous_original_tokens=meta.get("last_original_tokens", 0), idle_s=idle,
-            cached=entry.cached_tokens, written=entry.cache_write_tokens,
-            as_sent=entry.unchanged and (before_as_sent or not billing.warm(rules, idle)),
+            costs.prices_for(entry.model), seen, original_tokens=entry.original_tokens,
+            forwarded_tokens=entry.forwarded_tokens, previous_original_tokens=previous,
+            idle_s=idle, cached=entry.cached_tokens, written=entry.cache_write_tokens,
+            as_sent=as_sent,
         )  # fmt: skip
+        if as_sent:  # what the provider's cache did with the client's own bytes
+            common = min(previous, entry.original_tokens)
+            meta.update(billing.cache_check(rules, meta, common, idle, entry.cached_tokens))
         _add_saving(meta, found)
         meta.update(last_original_tokens=entry.original_tokens, last_unchanged=entry.unchanged)
         if entry.record:
@@ -309,13 +312,7 @@ def record_batch(
 def count_client_compaction(store: Store) -> None:
     """One compaction the client ran itself through a route the proxy only relays
     (``/v1/responses/compact``): counted for the dashboard, nothing else is kept."""
-
-    def bump(totals: Any) -> dict[str, Any]:
-        totals = totals if isinstance(totals, dict) else {}
-        totals["client_compactions"] = totals.get("client_compactions", 0) + 1
-        return totals
-
-    store.update(TOTALS_KEY, bump, None)
+    store.update(TOTALS_KEY, lambda t: _bump(t, {}, client_compactions=1), None)
 
 
 def record_compaction(
