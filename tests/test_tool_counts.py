@@ -56,6 +56,8 @@ def test_reserve_tokens_counts_the_schemas_and_the_reply() -> None:
     expected = counter.count_text(orjson.dumps(body["tools"]).decode(), "gpt-4o") + 100
     assert reserve_tokens(body, counter) == expected
     assert reserve_tokens(body, counter) == expected
+    # The tools' JSON made once by the caller (``describe``) counts the same.
+    assert reserve_tokens(body, counter, orjson.dumps(body["tools"])) == expected
 
 
 def test_tool_cache_marks_are_count_cache_marks() -> None:
@@ -68,5 +70,7 @@ def test_tool_cache_marks_are_count_cache_marks() -> None:
         assert tool_cache_marks(case) == count_cache_marks(case)
         body = {"tools": case} if case is not None else {}
         assert ANTHROPIC_MESSAGES.outside_cache_marks(body) == count_cache_marks(case)
+        made = orjson.dumps(case) if case else None  # as ``describe`` passes it on
+        assert ANTHROPIC_MESSAGES.outside_cache_marks(body, made) == count_cache_marks(case)
     assert tool_cache_marks(tools(6, marked=5)) == 1
     assert tool_cache_marks(nested) == 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import orjson
 
@@ -20,6 +20,17 @@ from proxy.core.messages import Message
 from proxy.core.validation import validate_chat
 
 View = list[Message]
+
+
+class OutsideMarks(Protocol):
+    """A surface's count of the client's cache marks outside the view; ``tools_json``: the
+    request's tools as JSON, when the caller made it already."""
+
+    def __call__(self, body: dict[str, Any], tools_json: bytes | None = None) -> int: ...
+
+
+def _no_marks(body: dict[str, Any], tools_json: bytes | None = None) -> int:
+    return 0
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,7 @@ class Surface:
     stateful: Callable[[dict[str, Any]], bool] = lambda body: False
     # Cache breakpoints the client placed outside the view (Anthropic ``tools``): they count
     # towards the provider's limit of 4 before the proxy adds any of its own.
-    outside_cache_marks: Callable[[dict[str, Any]], int] = lambda body: 0
+    outside_cache_marks: OutsideMarks = _no_marks
     # from_view joins the summary into the next user turn (see alternating_turns).
     summary_joins: bool = False
 
@@ -181,13 +192,20 @@ def _messages_from_view(body: dict[str, Any], view: View) -> dict[str, Any]:
     return out
 
 
-def tool_cache_marks(tools: Any) -> int:
-    """``count_cache_marks`` of a request's tool definitions. Claude Code sends ~60 KB of
-    schemas with every request and no mark in them: walking them took ~120 us, finding that
-    their JSON never says ``"cache_control"`` takes ~15 us (#28)."""
-    if not tools or b'"cache_control"' not in orjson.dumps(tools):
+def tool_cache_marks(tools: Any, tools_json: bytes | None = None) -> int:
+    """``count_cache_marks`` of a request's tool definitions (``tools_json``: their JSON, if
+    made already). Claude Code sends ~60 KB of schemas with every request and no mark in
+    them: walking them took ~120 us, finding that their JSON never says ``"cache_control"``
+    takes ~15 us (#28), nothing more when the JSON was made for their token count."""
+    if not tools:
+        return 0
+    if b'"cache_control"' not in (orjson.dumps(tools) if tools_json is None else tools_json):
         return 0
     return count_cache_marks(tools)
+
+
+def _tools_marks(body: dict[str, Any], tools_json: bytes | None = None) -> int:
+    return tool_cache_marks(body.get("tools"), tools_json)
 
 
 def count_cache_marks(value: Any) -> int:
@@ -210,7 +228,7 @@ ANTHROPIC_MESSAGES = Surface(
     summary_role="user",
     stream_usage_option=False,
     error_body=anthropic_error,
-    outside_cache_marks=lambda body: tool_cache_marks(body.get("tools")),
+    outside_cache_marks=_tools_marks,
     summary_joins=True,
 )
 

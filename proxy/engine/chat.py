@@ -132,12 +132,16 @@ def credential_of(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key")
 
 
-def reserve_tokens(body: dict[str, Any], counter: TokenCounter) -> int:
-    """What a request needs besides its messages: tool schemas and the requested reply."""
+def reserve_tokens(
+    body: dict[str, Any], counter: TokenCounter, tools_json: bytes | None = None
+) -> int:
+    """What a request needs besides its messages: tool schemas and the requested reply
+    (``tools_json``: the tools' JSON, if made already)."""
     reserve = 0
     tools = body.get("tools")
     if tools:
-        reserve += counter.count_json(orjson.dumps(tools), str(body.get("model", "")))
+        made = orjson.dumps(tools) if tools_json is None else tools_json
+        reserve += counter.count_json(made, str(body.get("model", "")))
     for key in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
@@ -156,6 +160,8 @@ def describe(
     """The validated request as the service sees it (the surface's neutral view)."""
     credential = credential_of(headers)
     tenant_name = headers.get("x-compaction-tenant")
+    tools = body.get("tools")
+    tools_json = orjson.dumps(tools) if tools else None  # once, for the count and the marks
     return Incoming(
         messages=surface.to_view(body),
         model=body["model"],
@@ -167,8 +173,8 @@ def describe(
         stateful=surface.stateful(body),
         summary_role=surface.summary_role,
         summary_joins=surface.summary_joins,
-        outside_cache_marks=surface.outside_cache_marks(body),
-        reserve_tokens=reserve_tokens(body, counter),
+        outside_cache_marks=surface.outside_cache_marks(body, tools_json),
+        reserve_tokens=reserve_tokens(body, counter, tools_json),
         offload=big,
         traceparent=headers.get("traceparent"),
         tracestate=headers.get("tracestate"),
