@@ -18,7 +18,7 @@ import httpx
 from proxy.adapters.store import DiskStore
 from proxy.adapters.writer import BatchWriter
 from proxy.core.records import conv_key
-from proxy.operators import ledger
+from proxy.operators import ledger, reqlog
 from tests.proxyproc import ProxyProcess
 from tests.rawupstream import RawUpstream
 
@@ -64,7 +64,7 @@ def test_one_bad_entry_never_loses_the_others(tmp_path: Path) -> None:
     for conv in ("a", "b"):
         assert store.get(conv_key("conv", tenant, conv))["requests"] == 1
         assert store.get(conv_key("orig", tenant, conv)) == good
-        assert len(store.get(conv_key("req", tenant, conv))) == 1
+        assert len(reqlog.read(store, tenant, conv, 1)) == 1
     # The bad entry still counts (its numbers are fine); only its history is not kept.
     assert store.get(conv_key("conv", tenant, "bad"))["requests"] == 1
     assert store.get(conv_key("orig", tenant, "bad")) is None
@@ -105,7 +105,7 @@ def test_a_queued_history_is_let_go_once_a_newer_one_is_queued(tmp_path: Path) -
     asyncio.run(run())
     tenant = "t" * 32
     assert store.get(conv_key("conv", tenant, "a"))["requests"] == 2
-    assert len(store.get(conv_key("req", tenant, "a"))) == 2
+    assert len(reqlog.read(store, tenant, "a", 2)) == 2
     assert store.get(conv_key("orig", tenant, "a")) == newer
     assert store.get(conv_key("orig", tenant, "b")) == other
     assert store.get(ledger.TOTALS_KEY)["requests"] == 3

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import orjson
 
-from proxy.adapters.store import DiskStore, get_list
+from proxy.adapters.store import DiskStore
 from proxy.core.messages import render, transcript
 from proxy.core.records import conv_key
 from proxy.core.stability import breakpoints
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, alternating_turns
 from proxy.core.tokens import TokenCounter
-from proxy.operators import ledger
+from proxy.operators import ledger, reqlog
 from proxy.server.sse import is_terminal
 
 SUMMARY = "[History Summary - 4 earlier messages]\n\nWe fixed the parser."
@@ -129,7 +129,7 @@ def test_the_first_requests_ledger_row_joins_the_session(tmp_path: Path) -> None
     ledger.record_batch(store, [(_entry("session", "first", 2.0), None)], None)
     meta = store.get(conv_key("conv", "t", "session"))
     assert meta["requests"] == 2 and meta["compactions"] == 1 and meta["llm_tokens"] == 50
-    assert len(get_list(store, conv_key("req", "t", "session"))) == 2
+    assert len(reqlog.read(store, "t", "session", meta["requests"])) == 2
     assert store.get(conv_key("conv", "t", "first")) is None
     # A later request of the session changes nothing more.
     ledger.record_batch(store, [(_entry("session", "first", 3.0), None)], None)
@@ -149,7 +149,7 @@ def test_the_ledger_returns_each_requests_net_in_batch_order(tmp_path: Path) -> 
     nets = ledger.record_batch(store, [(e, None) for e in batch], None)
     assert nets[1] is not None and nets[3] is None and nets[4] is None
     assert nets[0] == 0.0 and nets[2] is not None and nets[2] > 0  # 60 tokens fewer
-    rows = get_list(store, conv_key("req", "t", "a"))
+    rows = reqlog.read(store, "t", "a", store.get(conv_key("conv", "t", "a"))["requests"])
     assert [r["net_usd"] for r in rows] == [nets[0], nets[2]]
     meta = store.get(conv_key("conv", "t", "a"))
     assert meta["counterfactual_usd"] - meta["actual_usd"] == nets[0] + nets[2]

@@ -11,7 +11,7 @@ from typing import Any
 
 from proxy.adapters.store import Store, get_list
 from proxy.core.records import conv_key
-from proxy.operators import index
+from proxy.operators import index, reqlog
 
 
 def adopt(
@@ -41,13 +41,13 @@ def adopt(
                 merged[key] = value
         return merged
 
-    store.update(conv_key("conv", tenant, conversation), merge, retention_s)
-    for kind, limit in (("req", 500), ("ev", 500)):
-        items = get_list(store, conv_key(kind, tenant, earlier))
-        if items:
-            if kind == "req":
-                items = [{**i, "conversation": conversation} for i in items]
-            store.extend(conv_key(kind, tenant, conversation), items, retention_s, limit)
+    merged = store.update(conv_key("conv", tenant, conversation), merge, retention_s)
+    rows = reqlog.read(store, tenant, earlier, old.get("requests"))
+    rows = [{**r, "conversation": conversation} for r in rows]
+    reqlog.append(store, tenant, conversation, rows, merged.get("requests", 0), retention_s)
+    events = get_list(store, conv_key("ev", tenant, earlier))
+    if events:
+        store.extend(conv_key("ev", tenant, conversation), events, retention_s, 500)
     # The row goes (its lists expire with their retention).
     for kind in ("conv", "orig"):
         store.delete(conv_key(kind, tenant, earlier))

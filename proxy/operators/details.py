@@ -20,6 +20,7 @@ from proxy.core.records import (
 )
 from proxy.core.tokens import TokenCounter
 from proxy.core.types import CompactionEvent, Failure
+from proxy.operators import reqlog
 from proxy.operators.events import Failed, read_events, split
 from proxy.operators.figures import derive
 from proxy.operators.queries import conversation_id
@@ -151,7 +152,8 @@ def conversation_detail(store: Store, tenant: str, conv: str) -> dict[str, Any]:
     if not isinstance(meta, dict):
         raise NotFound(f"no conversation {conversation_id(tenant, conv)!r}")
     # Ledger writes run after each response and may land out of order: sort by time.
-    requests = [r for r in get_list(store, conv_key("req", tenant, conv)) if isinstance(r, dict)]
+    rows = reqlog.read(store, tenant, conv, meta.get("requests"))
+    requests = [r for r in rows if isinstance(r, dict)]
     requests.sort(key=lambda r: r.get("ts") or 0)
     done, failed = split(read_events(store, tenant, conv))
     compactions = [_compaction(store, tenant, conv, e) for e in done]

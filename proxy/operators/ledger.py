@@ -17,7 +17,7 @@ from proxy.core import billing, costs
 from proxy.core.errors import StoreError
 from proxy.core.records import conv_key
 from proxy.core.types import Case, CaseName
-from proxy.operators import index, phantom
+from proxy.operators import index, phantom, reqlog
 from proxy.operators.adopt import adopt
 from proxy.operators.entry import RequestEntry as RequestEntry
 from proxy.operators.entry import usage_numbers as usage_numbers
@@ -249,15 +249,11 @@ def record_batch(
             seen.append(
                 index.Seen(tenant, conversation, model, last_seen, before.get("model"), scores)
             )
-            store.extend(
-                conv_key("req", tenant, conversation),
-                [
-                    e.__dict__ | {"saved_tokens": e.saved_tokens, "net_usd": net}
-                    for (e, _), net in zip(items, priced, strict=True)
-                ],
-                retention_s,
-                500,
-            )
+            rows = [
+                e.__dict__ | {"saved_tokens": e.saved_tokens, "net_usd": net}
+                for (e, _), net in zip(items, priced, strict=True)
+            ]
+            reqlog.append(store, tenant, conversation, rows, meta["requests"], retention_s)
         except StoreError:
             raise
         except Exception:  # one conversation's bad values never cost the others theirs
