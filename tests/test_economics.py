@@ -86,9 +86,11 @@ def test_a_cold_cache_makes_the_rewrite_free() -> None:
 # ---- cache-aware timing through the engine --------------------------------------------------
 
 
-async def test_cost_policy_waits_while_the_cache_is_warm_and_compacts_once_it_is_cold(
+async def _over_the_trigger(
     tmp_path: Path,
-) -> None:
+) -> tuple[CompactionSettings, DiskStore, ScriptedLLM, Compactor, list[dict[str, Any]], str]:
+    """The cost policy's engine and an Anthropic conversation past the trigger (its first
+    request prepared), with the key of its ledger row."""
     settings = CompactionSettings(policy="cost")
     store = DiskStore(tmp_path / "s")
     llm = ScriptedLLM()
@@ -96,7 +98,13 @@ async def test_cost_policy_waits_while_the_cache_is_warm_and_compacts_once_it_is
     messages = history(14, words=600)
     first = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1000.0)
     assert settings.trigger_tokens < first.forwarded_tokens < settings.emergency_tokens
-    key = conv_key("conv", first.tenant, first.conversation)
+    return settings, store, llm, engine, messages, conv_key("conv", "t", first.conversation)
+
+
+async def test_cost_policy_waits_while_the_cache_is_warm_and_compacts_once_it_is_cold(
+    tmp_path: Path,
+) -> None:
+    settings, store, llm, engine, messages, key = await _over_the_trigger(tmp_path)
     # Anthropic's cache, warm (the last request 20 s ago): the write and the calls would
     # cost more than the reads they save over the next ten requests (a ninth of the 90 so
     # far: the conservative horizon).
@@ -117,13 +125,7 @@ async def test_a_provider_seen_not_to_cache_has_no_cache_to_break(tmp_path: Path
     its rules said they would (no prompt cache, or an Anthropic client that marks nothing):
     the cost policy compacts a warm conversation the same rules would hold back, and the
     ledger prices the client's own requests without the cache they never had."""
-    settings = CompactionSettings(policy="cost")
-    store = DiskStore(tmp_path / "s")
-    llm = ScriptedLLM()
-    engine = Compactor(settings, store, llm, Prompts("d", "s"))
-    messages = history(14, words=600)
-    first = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1000.0)
-    key = conv_key("conv", first.tenant, first.conversation)
+    _, store, llm, engine, messages, key = await _over_the_trigger(tmp_path)
     row = {"requests": 90, "last_seen": 1000.0}
     store.set(key, row | {"cache_checks": billing.CACHE_CHECKS, "cache_reads": 1})
     held = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1020.0)

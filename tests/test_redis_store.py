@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +14,8 @@ from proxy.adapters.store import DiskStore, RedisStore, get_list, open_store, re
 from proxy.core.errors import StoreError
 from tests.checks import INLINE, assert_forwarded_faithful, summary_index
 from tests.conversations import drive_conversation
-from tests.proxyproc import ProxyProcess, RedisServer, free_port
+from tests.proxyproc import ProxyProcess, free_port
 from tests.upstream import ScriptedUpstream
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server.url
-    server.stop()
 
 
 def test_redis_store_operations(redis_url: str) -> None:

@@ -18,15 +18,6 @@ import pytest
 from proxy.adapters.store import DiskStore, Store, get_list, open_store
 from proxy.core.records import conv_key
 from proxy.operators import ledger, reqlog
-from tests.proxyproc import RedisServer
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    yield server.url
-    server.stop()
 
 
 @pytest.fixture(params=["disk", "redis"])
