@@ -133,7 +133,13 @@ async def test_a_provider_seen_not_to_cache_has_no_cache_to_break(tmp_path: Path
     store.set(key, row | {"cache_checks": billing.CACHE_CHECKS - 1, "cache_reads": 0})
     held = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1020.0)
     assert held.decision.action == "forward" and llm.calls == []  # too few checks yet
-    store.set(key, row | {"cache_checks": billing.CACHE_CHECKS, "cache_reads": 0})
+    # The client's own requests were never cached, but what the proxy forwards was (its own
+    # cache marks on Anthropic): a compaction would break that cache.
+    none = {"cache_checks": billing.CACHE_CHECKS, "cache_reads": 0}
+    store.set(key, row | none | {"forwarded_reads": 3})
+    held = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1020.0)
+    assert held.decision.action == "forward" and "cache warm" in held.decision.reason
+    store.set(key, row | none)
     done = await engine.prepare(messages, model=CLAUDE, tenant="t", now=1020.0)
     assert done.decision.action == "inline" and "no cache reads" in done.decision.reason
     assert done.record is not None and llm.summaries == 1
@@ -168,6 +174,8 @@ def test_the_ledger_learns_a_provider_caches_nothing_and_prices_without_a_cache(
     rows = {c: store.get(conv_key("conv", "t", c)) for c in ("c0", "c1024")}
     assert rows["c0"]["cache_checks"] == billing.CACHE_CHECKS  # the first had no previous
     assert (rows["c0"]["cache_reads"], rows["c1024"]["cache_reads"]) == (0, billing.CACHE_CHECKS)
+    assert "forwarded_reads" not in rows["c0"]
+    assert rows["c1024"]["forwarded_reads"] == billing.CACHE_CHECKS + 1
     store.close()
 
 

@@ -75,14 +75,18 @@ def warm(rules: CacheRules, idle_s: float | None) -> bool:
     return rules.caches and idle_s is not None and 0 <= idle_s <= rules.ttl_s
 
 
-def observed(rules: CacheRules, meta: object) -> CacheRules:
+def observed(rules: CacheRules, meta: object, *, forwarded: bool = False) -> CacheRules:
     """``rules``, or ``UNCACHED`` when the conversation's ledger row (``meta``) says the
     provider served none of ``CACHE_CHECKS`` or more of its requests sent as is from its cache
-    although the rules predicted it would: priced then as billed, without a cache, both the
-    counterfactual (the client's own requests would not have been cached either) and the
-    cost policy's forecast (a compaction breaks no cache)."""
+    although the rules predicted it would: the client's own requests are then priced without
+    a cache (the counterfactual). ``forwarded``: for what the proxy forwards (the cost
+    policy's forecast: a compaction breaks no cache), which must not have read from the
+    cache either (the proxy's own cache marks, on Anthropic, can make a cache the client's
+    requests never had)."""
     if isinstance(meta, dict):
         checks, reads = meta.get("cache_checks"), meta.get("cache_reads")
+        if forwarded and meta.get("forwarded_reads"):
+            return rules
         if isinstance(checks, int) and checks >= CACHE_CHECKS and not reads:
             return UNCACHED
     return rules

@@ -108,7 +108,7 @@ def judge(
         return ALWAYS
     meta = meta if isinstance(meta, dict) else {}
     # A provider the conversation showed to cache none of its requests: no cache to break.
-    rules = billing.observed(billing.rules_for(model, s), meta)
+    rules = billing.observed(billing.rules_for(model, s), meta, forwarded=True)
     idle = idle_seconds(meta, now)
     cold = not rules.caches or idle is not None and not billing.warm(rules, idle)
     remaining = after if after is not None else expected_after(s, head_tokens, forwarded_tokens)

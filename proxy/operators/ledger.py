@@ -126,6 +126,8 @@ def _conv_apply(
         if as_sent:  # what the provider's cache did with the client's own bytes
             common = min(previous, entry.original_tokens)
             meta.update(billing.cache_check(rules, meta, common, idle, entry.cached_tokens))
+        if entry.cached_tokens > 0:  # with whatever marks went upstream (``observed``)
+            meta["forwarded_reads"] = meta.get("forwarded_reads", 0) + 1
         _add_saving(meta, found)
         meta.update(last_original_tokens=entry.original_tokens, last_unchanged=entry.unchanged)
         if entry.record:
