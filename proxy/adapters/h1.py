@@ -41,7 +41,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from proxy.adapters.h1conn import Conn, Gone, Requested, mapped
-from proxy.adapters.upstreamcall import RawHeaders, UpstreamRequest, httpx_of
+from proxy.adapters.upstreamcall import RawHeaders, UpstreamRequest, httpx_of, wire_head
 
 # A request body up to this size is joined to its head and sent in one write.
 ONE_WRITE = 64 * 1024
@@ -145,13 +145,9 @@ class H1Transport(httpx.AsyncBaseTransport):
             body: bytes = request.content
         except httpx.RequestNotRead:
             body = await request.aread()
-        head = bytearray(request.method.encode("ascii"))
-        head += b" " + request.url.raw_path + b" HTTP/1.1\r\n"
-        for name, value in request.headers.raw:
-            head += name + b": " + value + b"\r\n"
-        head += b"\r\n"
+        head = wire_head(request.method, request.url, request.headers.raw)
         timeout = request.extensions.get("timeout", {})
-        conn = await self._send(request.method, request.url, bytes(head), body, timeout, request)
+        conn = await self._send(request.method, request.url, head, body, timeout, request)
         return _response(conn, self, request)
 
     async def exchange(self, request: UpstreamRequest) -> H1Reply:

@@ -57,12 +57,17 @@ class UpstreamRequest:
 
     def head(self) -> bytes:
         """The request line and headers, as written on the wire."""
-        head = bytearray(self.method.encode("ascii"))
-        head += b" " + self.url.raw_path + b" HTTP/1.1\r\n"
-        for name, value in self.pairs:
-            head += name + b": " + value + b"\r\n"
-        head += b"\r\n"
-        return bytes(head)
+        return wire_head(self.method, self.url, self.pairs)
+
+
+def wire_head(method: str, url: httpx.URL, pairs: list[tuple[bytes, bytes]]) -> bytes:
+    """An HTTP/1.1 request's line and headers: each pair as given, in order."""
+    head = bytearray(method.encode("ascii"))
+    head += b" " + url.raw_path + b" HTTP/1.1\r\n"
+    for name, value in pairs:
+        head += name + b": " + value + b"\r\n"
+    head += b"\r\n"
+    return bytes(head)
 
 
 class Reply(Protocol):
