@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from proxy.adapters.h1 import H1Transport
+from proxy.adapters.upstreamcall import UpstreamRequest
 from tests.rawupstream import tcp_server
 
 Script = Callable[[socket.socket], None]
@@ -477,3 +478,40 @@ def test_the_pool_waits_for_a_slot_and_a_freed_slot_is_taken_again() -> None:
 
         assert asyncio_run(run()) == b"two"
         assert up.connections == 1
+
+
+def test_the_chat_routes_exchange_gives_httpx_errors_that_name_their_request() -> None:
+    """``exchange`` (the chat routes' way, no httpx objects) fails as the httpx path does,
+    and each error carries the request (``mapped_errors`` names its URL)."""
+    url = "http://127.0.0.1:{}/v1/chat/completions"
+
+    def fails(port: int) -> httpx.HTTPError:
+        request = UpstreamRequest(
+            "POST", httpx.URL(url.format(port)), [(b"Host", b"127.0.0.1")], b"{}",
+            {"connect": 5, "read": 10, "pool": 5, "write": 5},
+        )  # fmt: skip
+
+        async def run() -> None:
+            reply = await transport().exchange(request)
+            await reply.aread()
+
+        with pytest.raises(httpx.HTTPError) as caught:
+            asyncio_run(run())
+        assert str(caught.value.request.url) == url.format(port)
+        return caught.value
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    assert isinstance(fails(port), httpx.ConnectError)
+
+    def cut(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this")
+        sock.close()
+
+    for script, error in ((cut, httpx.RemoteProtocolError), (None, httpx.RemoteProtocolError)):
+        with Scripted([]) as up:
+            up.scripts.append(script or up.answers(b"HTTP/1.1 2xx nonsense\r\n\r\n"))
+            assert isinstance(fails(up.port), error)

@@ -135,11 +135,7 @@ class Forwarder:
         """The answer with its body still to read (``chunks``, then ``aclose``); errors are
         httpx's, carrying their request as the client's would."""
         if self._h1 is not None:
-            try:
-                return await self._h1.exchange(request)
-            except httpx.HTTPError as exc:
-                exc.request = request.httpx()
-                raise
+            return await self._h1.exchange(request)  # (its errors name their request)
         built = request.httpx()
         try:
             response = await self._transport.handle_async_request(built)
