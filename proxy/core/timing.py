@@ -144,18 +144,13 @@ def judge(
     if not billing.prices_for(model).known:
         return Timing(True, cold, "no price known: compacting on tokens", 0.0)
     if cold:
-        return Timing(
-            found.net > 0,
-            cold=found.net > 0,
-            reason=(
-                f"cache cold (idle {idle:.0f} s > TTL {rules.ttl_s:.0f} s)"
-                if found.net > 0 and idle is not None and rules.caches
-                else "no cache reads seen from the provider"
-                if found.net > 0
-                else f"cache cold but the calls would cost more (net ${found.net:.4f})"
-            ),
-            net_usd=found.net,
-        )
+        if found.net <= 0:
+            why = f"cache cold but the calls would cost more (net ${found.net:.4f})"
+        elif rules.caches:  # (cold with a cache: idle past its TTL)
+            why = f"cache cold (idle {idle:.0f} s > TTL {rules.ttl_s:.0f} s)"
+        else:
+            why = "no cache reads seen from the provider"
+        return Timing(found.net > 0, cold=found.net > 0, reason=why, net_usd=found.net)
     if found.net > 0:
         return Timing(True, reason=f"expected net saving ${found.net:.4f}", net_usd=found.net)
     return Timing(
