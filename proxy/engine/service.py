@@ -32,6 +32,7 @@ from proxy.core.records import conv_key
 from proxy.core.types import Case
 from proxy.engine.compactor import Compactor
 from proxy.engine.tracing import RequestTrace, TracedLLM, Tracer, current, start_tracing
+from proxy.logs import info_line
 from proxy.operators import ledger
 from proxy.operators.metrics import Metrics
 
@@ -276,9 +277,8 @@ class Service:
         else:
             latency = call.overhead_s + max(upstream_s, 0.0)
         _, cached, _, _ = ledger.usage_numbers(usage)
-        log.info(
-            "request",
-            extra={
+        info_line(
+            log, "request", {
                 "route": call.route,
                 "conversation": prepared.conversation if prepared else None,
                 "case": prepared.case if prepared else "error",
@@ -289,7 +289,7 @@ class Service:
                 "overhead_ms": round(call.overhead_s * 1000, 3),
                 "cached_tokens": cached,
             },
-        )
+        )  # fmt: skip
         self.metrics.observe_request(
             prepared, status, latency, call.overhead_s, cached, route=call.route
         )
