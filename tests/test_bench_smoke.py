@@ -137,6 +137,9 @@ def test_net_billed_dollars_priced_with_both_providers_rules(smoke: tuple[Path, 
     rows = table_rows(section(report, "9. Net billed dollars"))
     assert {row[2] for row in rows} == {"anthropic", "openai"}
     assert {row[3] for row in rows} == {"cost", "tokens"}
+    # The floor (a free compaction to the target on every request past the trigger) never
+    # bills more than the requests as sent.
+    assert all(0 < float(row[9].rstrip("×")) <= 1.0 for row in rows), [r[9] for r in rows]
     aims = {row[0] for row in table_rows(section(report, "Aims"))}
     assert any(a.startswith("net $ ≤ 1.0× unchanged, every session (trigger") for a in aims)
 
