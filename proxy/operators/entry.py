@@ -99,10 +99,12 @@ class RequestEntry:
         overhead_s: float,
         ts: float | None = None,
         cache_ttl_s: float | None = None,
+        numbers: tuple[int, int, int, int] | None = None,
     ) -> RequestEntry:
         """The entry for one prepared request and the upstream's usage (any API's shape).
-        ``ts``: when it was answered (default: now; a replay passes its own clock)."""
-        prompt, cached, write, completion = usage_numbers(usage)
+        ``ts``: when it was answered (default: now; a replay passes its own clock);
+        ``numbers``: ``usage_numbers(usage)`` when the caller has them already."""
+        prompt, cached, write, completion = numbers or usage_numbers(usage)
         reserve = getattr(prepared, "reserve_tokens", 0) or 0
         over = billing.over_window(prepared.model, prepared.original_tokens + reserve)
         return cls(
@@ -204,14 +206,15 @@ def _input_price(model: str) -> float:
     return info.input_cost_per_token if info and info.input_cost_per_token else 0.0
 
 
+def _num(value: Any) -> int:
+    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
+
+
 def usage_numbers(usage: Any) -> tuple[int, int, int, int]:
     """(prompt, cached read, cache write, completion) tokens from OpenAI or Anthropic usage."""
     if not isinstance(usage, dict):
         return 0, 0, 0, 0
-
-    def num(value: Any) -> int:
-        return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0
-
+    num = _num
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
     cached = num(details.get("cached_tokens") if isinstance(details, dict) else 0)
     cached = cached or num(usage.get("cache_read_input_tokens"))
