@@ -251,3 +251,34 @@ def test_the_load_generator_reports_watched_processes_cpu_over_its_window(
     assert used[str(asleep.pid)] == 0
     assert used[str(upstream.proc.pid)] > 0  # it answered every request of the window
     assert result["client_cpu_s"] > 0
+
+
+def test_economics_prices_the_calls_at_the_llm_model_given() -> None:
+    """``--llm-model``: the detector and summarizer priced at that model's prices, and
+    nothing else moved (the tokens policy does not look at prices)."""
+    import asyncio
+
+    from bench import agent_session, economics
+    from proxy.core.tokens import TokenCounter
+
+    session = economics.synthetic(agent_session.SMOKE_REQUESTS)
+    runs = {}
+    for model in (None, "claude-haiku-4-5"):
+        settings = economics.settings_for(8_000, "tokens", "anthropic", model)
+        assert settings.summary_model == settings.detection_model == model
+        runs[model] = asyncio.run(economics.replay(session, "anthropic", settings, TokenCounter()))
+    own, small = runs[None], runs["claude-haiku-4-5"]
+    assert own.proxy.calls == small.proxy.calls > 0
+    assert own.proxy.usd == small.proxy.usd and own.floor_usd == small.floor_usd
+    # Claude Haiku 4.5 costs a third of Sonnet 4.5, input and output alike.
+    assert small.proxy.calls_usd == pytest.approx(own.proxy.calls_usd / 3)
+    assert 0 < small.floor_usd < own.unchanged.usd
+
+
+def test_economics_refuses_an_unknown_llm_model() -> None:
+    from bench import economics
+
+    for pair in ("nobody=gpt-4o-mini", "openai=no-such-model"):
+        with pytest.raises(SystemExit) as refused:
+            economics.main(["--smoke", "--llm-model", pair])
+        assert refused.value.code == 2
