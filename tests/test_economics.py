@@ -19,7 +19,7 @@ from proxy.core.records import conv_key
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
 from proxy.engine.compactor import Compactor
-from proxy.operators import ledger, queries
+from proxy.operators import ledger, phantom, queries
 from proxy.operators.figures import derive
 from tests.proxyproc import ProxyProcess, cli_path
 from tests.upstream import ScriptedUpstream
@@ -434,6 +434,12 @@ def test_a_log_line_says_when_compaction_saves_nothing_and_why(
     (line,) = [r for r in caplog.records if r.message == "phantom savings"]
     assert "every conversation under the trigger: 100 requests" in line.__dict__["why"]
     store.close()
+
+
+def test_a_policy_held_by_a_warm_cache_is_told_what_would_pay_sooner() -> None:
+    why = phantom.phantom({"requests": 30, "net_saved_usd": 0.0, "held": {"cache": 30}})
+    assert why is not None and "cache warm" in why and "30 requests" in why
+    assert "smaller detection_model / summary_model" in why
 
 
 def test_the_headline_is_net_of_cache_and_calls_not_the_gross_figure(tmp_path: Path) -> None:

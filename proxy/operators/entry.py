@@ -166,7 +166,11 @@ HELD_REASONS = {
     "below_trigger": "every conversation under the trigger",
     "opt_out": "opted out (configured tenants or models, paused, x-compaction: off)",
     "failing": "the summarizer failing (cooling down after failed compactions)",
-    "cache": "the cache making it unprofitable (cost policy, cache warm)",
+    "cache": (
+        "the cache making it unprofitable (cost policy, cache warm: the rewrite and the "
+        "detector and summarizer calls would cost more than the reads saved; calls on a "
+        "smaller detection_model / summary_model cost less)"
+    ),
     "treadmill": "too soon after the last compaction (no treadmill)",
     "policy": "the cost policy refusing",
     "disabled": "compaction disabled",
