@@ -175,9 +175,9 @@ class Result:
     proxy: Side = field(default_factory=Side)
     proxy_fit_usd: float = 0.0  # the proxy's requests and calls while the history fitted
     proxy_fit_missed: int = 0  # cache writes (OpenAI: uncached input) while it fitted
-    # No compaction can bill less than this, over the same requests: each past the trigger
-    # as if a free one (no calls, no rewrite) kept only ``target_tokens`` of the history the
-    # previous request had, its new messages and output as they are; the others as sent.
+    # The least a compaction to the settings' target can bill over the same requests: each
+    # past the trigger as if a free one (no calls, no rewrite) kept only ``target_tokens`` of
+    # the history the previous request had, its new messages and output as they are.
     floor_usd: float = 0.0
     unchanged: Side = field(default_factory=Side)
     client: Side = field(default_factory=Side)
