@@ -276,7 +276,7 @@ class Service:
             latency = time.perf_counter() - call.started
         else:
             latency = call.overhead_s + max(upstream_s, 0.0)
-        _, cached, _, _ = numbers = ledger.usage_numbers(usage)
+        _, cached, _, _ = ledger.usage_numbers(usage)
         info_line(
             log, "request", {
                 "route": call.route,
@@ -312,7 +312,6 @@ class Service:
             latency_s=latency,
             overhead_s=call.overhead_s,
             cache_ttl_s=billing.rules_for(prepared.model, self.config.compaction).ttl_s,
-            numbers=numbers,
         )
         self.compactor.writer.record(entry, prepared.original, call.trace)
 

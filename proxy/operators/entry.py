@@ -99,12 +99,10 @@ class RequestEntry:
         overhead_s: float,
         ts: float | None = None,
         cache_ttl_s: float | None = None,
-        numbers: tuple[int, int, int, int] | None = None,
     ) -> RequestEntry:
         """The entry for one prepared request and the upstream's usage (any API's shape).
-        ``ts``: when it was answered (default: now; a replay passes its own clock);
-        ``numbers``: ``usage_numbers(usage)`` when the caller has them already."""
-        prompt, cached, write, completion = numbers or usage_numbers(usage)
+        ``ts``: when it was answered (default: now; a replay passes its own clock)."""
+        prompt, cached, write, completion = usage_numbers(usage)
         reserve = getattr(prepared, "reserve_tokens", 0) or 0
         over = billing.over_window(prepared.model, prepared.original_tokens + reserve)
         return cls(
@@ -218,17 +216,16 @@ def usage_numbers(usage: Any) -> tuple[int, int, int, int]:
     """(prompt, cached read, cache write, completion) tokens from OpenAI or Anthropic usage."""
     if not isinstance(usage, dict):
         return 0, 0, 0, 0
-    num = _num
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
-    cached = num(details.get("cached_tokens") if isinstance(details, dict) else 0)
-    cached = cached or num(usage.get("cache_read_input_tokens"))
-    write = num(usage.get("cache_creation_input_tokens"))
+    cached = _num(details.get("cached_tokens") if isinstance(details, dict) else 0)
+    cached = cached or _num(usage.get("cache_read_input_tokens"))
+    write = _num(usage.get("cache_creation_input_tokens"))
     if "prompt_tokens" in usage:
-        prompt = num(usage.get("prompt_tokens"))
+        prompt = _num(usage.get("prompt_tokens"))
     elif "input_tokens_details" in usage:
-        prompt = num(usage.get("input_tokens"))  # OpenAI Responses: cached tokens included
+        prompt = _num(usage.get("input_tokens"))  # OpenAI Responses: cached tokens included
     else:
         # Anthropic's input_tokens leaves out what was read from or written to the cache.
-        prompt = num(usage.get("input_tokens")) + cached + write
-    completion = num(usage.get("completion_tokens", usage.get("output_tokens")))
+        prompt = _num(usage.get("input_tokens")) + cached + write
+    completion = _num(usage.get("completion_tokens", usage.get("output_tokens")))
     return prompt, cached, write, completion
