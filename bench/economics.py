@@ -458,11 +458,12 @@ def main(argv: list[str] | None = None) -> int:
         "anthropic=claude-haiku-4-5 (default: the request's model)",
     )  # fmt: skip
     args = parser.parse_args(argv)
-    llm_models = dict(pair.split("=", 1) for pair in args.llm_model)
-    unknown = set(llm_models) - set(PROVIDERS)
-    if unknown or not all(costs.prices_for(m).known for m in llm_models.values()):
+    pairs = [pair.split("=", 1) for pair in args.llm_model]
+    if any(len(p) != 2 or p[0] not in PROVIDERS or not costs.prices_for(p[1]).known
+           for p in pairs):  # fmt: skip
         parser.error(f"--llm-model: PROVIDER is one of {', '.join(PROVIDERS)}, MODEL a "
                      "model with known prices")  # fmt: skip
+    llm_models = {provider: model for provider, model in pairs}
     results = run(args.smoke, args.runs, tuple(args.policy or ("cost", "tokens")),
                   jobs=args.jobs, llm_models=llm_models)  # fmt: skip
     print(markdown(results) + "\n\n" + aims_markdown(results))

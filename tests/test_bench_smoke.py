@@ -278,7 +278,7 @@ def test_economics_prices_the_calls_at_the_llm_model_given() -> None:
 def test_economics_refuses_an_unknown_llm_model() -> None:
     from bench import economics
 
-    for pair in ("nobody=gpt-4o-mini", "openai=no-such-model"):
+    for pair in ("nobody=gpt-4o-mini", "openai=no-such-model", "gpt-4o-mini"):
         with pytest.raises(SystemExit) as refused:
             economics.main(["--smoke", "--llm-model", pair])
         assert refused.value.code == 2
