@@ -24,11 +24,13 @@ FIELDS = {
 
 @pytest.fixture
 def stream(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
-    """``setup_logging``'s handler writing to a buffer; the loggers restored afterwards."""
+    """``setup_logging``'s handler writing to a buffer; the loggers (and the formatters' clock,
+    which it sets) restored afterwards."""
     root = logging.getLogger("compaction_proxy")
     saved = root.handlers[:], root.level, root.propagate, root.filters[:]
     buffer = io.StringIO()
     monkeypatch.setattr("sys.stderr", buffer)
+    monkeypatch.setattr(logging.Formatter, "converter", logging.Formatter.converter)
     setup_logging("INFO")
     yield buffer
     root.handlers[:], root.level, root.propagate, root.filters[:] = saved
