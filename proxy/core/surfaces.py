@@ -52,6 +52,8 @@ class Surface:
     outside_cache_marks: OutsideMarks = _no_marks
     # from_view joins the summary into the next user turn (see alternating_turns).
     summary_joins: bool = False
+    # The body's member that holds the history (``proxy.core.reparse``).
+    history_key: str = "messages"
 
 
 def openai_error(message: str, type_: str, code: str | None) -> dict[str, Any]:
@@ -331,6 +333,7 @@ OPENAI_RESPONSES = Surface(
     stream_usage_option=False,
     error_body=openai_error,
     stateful=stateful,
+    history_key="input",
 )
 
 

@@ -27,6 +27,7 @@ from proxy.adapters.forward import Forwarder, make_client, make_transport
 from proxy.adapters.llm import HttpLLM
 from proxy.adapters.store import Store
 from proxy.config import Config
+from proxy.core.reparse import Reparser
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, Surface
 from proxy.core.tokens import warm_tokenizers
 from proxy.engine.chat import ChatRequest, outgoing
@@ -71,9 +72,9 @@ async def _serve(scope: Scope, receive: Receive, surface: Surface, send: Send) -
     raw = await receive_body(head, receive, config.max_body_bytes, config.limits.body_timeout_s)
     big = len(raw) >= OFFLOAD_BYTES
     if big:  # parsing and checking megabytes would stall every other request on the loop
-        body = await asyncio.to_thread(parse_and_validate, raw, surface)
+        body = await asyncio.to_thread(parse_and_validate, raw, surface, state.reparser)
     else:
-        body = parse_and_validate(raw, surface)
+        body = parse_and_validate(raw, surface, state.reparser)
     request = ChatRequest(surface, raw, body, head, scope["headers"], started, big)
     out = await outgoing(service, state.forwarder, request)
     await relay(out, send, receive)
@@ -121,6 +122,8 @@ def create_app(
         service = build_service(effective, compaction_llm(config, client), store=store)
         app.state.res, app.state.client = service, client
         app.state.forwarder = Forwarder(client, wire)
+        # Recent bodies, so the next one of a conversation is parsed past what they share.
+        app.state.reparser = Reparser()
         watcher = asyncio.get_running_loop().create_task(service.health.watch())
         try:
             yield

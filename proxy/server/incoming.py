@@ -12,6 +12,7 @@ from starlette.types import Receive, Scope
 
 from proxy.config import Limits
 from proxy.core.errors import BadRequest, BodyTimeout, PayloadTooLarge
+from proxy.core.reparse import Reparser
 from proxy.core.surfaces import Surface
 from proxy.core.validation import parse_json_object
 
@@ -74,8 +75,20 @@ def _body_timeout(request: Request) -> float:
     return config.limits.body_timeout_s if config is not None else Limits.body_timeout_s
 
 
-def parse_and_validate(raw: bytes, surface: Surface) -> dict[str, Any]:
-    """The body as a JSON object the surface accepts, or ``BadRequest``."""
+def parse_and_validate(
+    raw: bytes, surface: Surface, reparser: Reparser | None = None
+) -> dict[str, Any]:
+    """The body as a JSON object the surface accepts, or ``BadRequest``. With a
+    ``reparser``, a body that resends a recent one's history is parsed only past what the
+    two share (``proxy.core.reparse``), and an accepted body is remembered for the next."""
+    if reparser is not None:
+        found = reparser.parse(raw, surface.history_key)
+        if found is not None:
+            surface.validate(found.body)
+            reparser.accept(found)
+            return found.body
     body = parse_json_object(raw)
     surface.validate(body)
+    if reparser is not None:
+        reparser.remember(raw, body, surface.history_key)
     return body

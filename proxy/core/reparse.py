@@ -1,0 +1,244 @@
+"""Parsing a body that resends an earlier one's history: only past what they share (#28).
+
+An agent resends its whole history with every request: the next body is the last one's bytes
+up to (about) its last message, then the new messages and the rest of the body. Parsing it
+whole costs ~50 us at 50 messages and ~3 ms at 2,000 (docs/benchmarks.md, #28), for values
+the proxy parsed a moment ago. ``Reparser`` remembers recent bodies and parses a new one from
+a remembered one when their bytes say it may:
+
+- Only a body in the canonical form is remembered: its bytes are exactly what ``orjson``
+  writes for its value (compact, keys in order: what the OpenAI and Anthropic SDKs and
+  ``JSON.stringify`` send). Its bytes then say exactly where each element of its history
+  array (``messages``, or the Responses API's ``input``) ends: ``cuts``.
+- A new body that starts with a remembered body's bytes up to one of those cuts (compared
+  byte for byte, not hashed) is, up to there, in the very state the remembered one was: inside
+  the top-level object, in the history array, after its first ``k`` elements. Its value is the
+  remembered members before the array, the first ``k`` elements, and what the rest of its
+  bytes give when parsed in that state: ``{"\\u0000":[0`` followed by them, one small
+  ``orjson`` call.
+- That rest must be canonical too (written back by ``orjson``, byte for byte: no member
+  repeated, none of the members before the array and not the array's name again), and within
+  the depth ``parse_json_object`` allows; anything else parses the whole body as before.
+
+The value is the one ``orjson.loads`` gives (``tests/test_reparse.py`` checks it against
+every recorded agent run); the elements before the cut are the remembered objects themselves,
+which the proxy never changes in place (every step copies what it alters). Bounded: at most
+``max_entries`` bodies and ``max_bytes`` of their bytes; small bodies are not remembered
+(parsing them is cheaper than finding them). Thread-safe: big bodies are parsed in a worker
+thread. Pure: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, within_depth
+
+# Bodies are found by their first bytes (where conversations of one client often agree: the
+# model, the system prompt) and then told apart by the bytes before a cut.
+ANCHOR_BYTES = 256
+# Parsing a body below this size costs less than remembering it.
+MIN_BYTES = 8 * 1024
+# The new body may share fewer elements than the remembered one had: clients move their cache
+# marks to the newest messages (Claude Code), so the last one or two differ.
+BACK_CUTS = 4
+_PER_ANCHOR = 16  # bodies kept per anchor (the most recent)
+_QUICK = 32  # bytes compared before a cut to rule a body out cheaply
+_TAIL_KEY = "\x00"
+_OPEN = b'{"\\u0000":[0'  # the rest of a body, parsed as if the array had one element
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """A canonical body: its bytes up to the end of its history array's last element, where
+    each element ends, the members before the array and the array's elements."""
+
+    name: str
+    prefix: bytes
+    cuts: tuple[int, ...]
+    head: tuple[tuple[str, Any], ...]
+    items: list[Any]
+
+
+@dataclass(frozen=True)
+class Reparsed:
+    """A body parsed from a remembered one: its value, how many of its history's elements it
+    took from there (``shared``: parsed and validated before), and the ``Remembered`` it
+    becomes (``entry``) in place of the one it extends (``extends``) once it is accepted."""
+
+    body: dict[str, Any]
+    shared: int
+    entry: Remembered
+    extends: Remembered
+
+
+class Reparser:
+    """Recent canonical bodies, and the parse of a body that extends one of them."""
+
+    def __init__(
+        self,
+        *,
+        max_entries: int = 64,
+        max_bytes: int = 32 * 1024 * 1024,
+        min_bytes: int = MIN_BYTES,
+    ) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.min_bytes = max(min_bytes, ANCHOR_BYTES + _QUICK)
+        self._by_anchor: dict[bytes, list[Remembered]] = {}
+        self._order: OrderedDict[int, tuple[bytes, Remembered]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.reused = 0  # bodies parsed from a remembered one (for tests and benchmarks)
+
+    def parse(self, raw: bytes, name: str) -> Reparsed | None:
+        """``raw``'s value from a remembered body it extends, or None (parse it whole)."""
+        if len(raw) < self.min_bytes:
+            return None
+        with self._lock:
+            bucket = list(self._by_anchor.get(raw[:ANCHOR_BYTES], ()))
+        for entry in bucket:
+            if entry.name == name:
+                found = _extend(entry, raw)
+                if found is not None:
+                    return found
+        return None
+
+    def accept(self, found: Reparsed) -> None:
+        """Remember the body ``found`` parsed (valid, the route took it) instead of the one
+        it extends."""
+        with self._lock:
+            self.reused += 1
+            anchor = found.entry.prefix[:ANCHOR_BYTES]
+            self._drop(anchor, found.extends)
+            self._add(anchor, found.entry)
+
+    def remember(self, raw: bytes, body: dict[str, Any], name: str) -> None:
+        """Keep ``raw`` (parsed whole into ``body``, valid) when it is canonical."""
+        if len(raw) < self.min_bytes:
+            return
+        entry = _canonical(raw, body, name)
+        if entry is not None:
+            with self._lock:
+                self._add(raw[:ANCHOR_BYTES], entry)
+
+    def _add(self, anchor: bytes, entry: Remembered) -> None:
+        bucket = self._by_anchor.setdefault(anchor, [])
+        bucket.insert(0, entry)
+        self._order[id(entry)] = (anchor, entry)
+        self._bytes += len(entry.prefix)
+        while len(bucket) > _PER_ANCHOR:
+            self._drop(anchor, bucket[-1])
+        while self._order and (len(self._order) > self.max_entries or self._bytes > self.max_bytes):
+            old_anchor, old = next(iter(self._order.values()))
+            self._drop(old_anchor, old)
+
+    def _drop(self, anchor: bytes, entry: Remembered) -> None:
+        if self._order.pop(id(entry), None) is None:
+            return  # dropped already (by another thread's request of the same conversation)
+        self._bytes -= len(entry.prefix)
+        bucket = self._by_anchor.get(anchor)
+        if bucket is not None:
+            bucket[:] = [e for e in bucket if e is not entry]
+            if not bucket:
+                del self._by_anchor[anchor]
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+def _extend(entry: Remembered, raw: bytes) -> Reparsed | None:
+    cuts = entry.cuts
+    n = len(cuts)
+    for k in range(n, max(n - BACK_CUTS, 0), -1):
+        cut = cuts[k - 1]
+        if cut < ANCHOR_BYTES or cut >= len(raw):
+            continue
+        if raw[cut - _QUICK : cut] != entry.prefix[cut - _QUICK : cut]:
+            continue
+        same = raw.startswith(entry.prefix) if k == n else raw.startswith(entry.prefix[:cut])
+        if same:
+            return _with_rest(entry, k, raw, cut)
+    return None
+
+
+def _with_rest(entry: Remembered, k: int, raw: bytes, cut: int) -> Reparsed | None:
+    """The body: ``entry``'s members before the array, its first ``k`` elements, and what the
+    bytes from ``cut`` on give; None when they are not JSON or not canonical there."""
+    rest = raw[cut:]
+    if len(rest) >= SLICED_BYTES:
+        return None  # a huge new part is parsed in slices, as a whole body would be
+    text = _OPEN + rest
+    try:
+        tail = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(tail, dict):
+        return None
+    try:
+        if orjson.dumps(tail) != text:
+            return None  # a member repeated, or not written as orjson writes it
+    except orjson.JSONEncodeError:
+        return None
+    members = iter(tail.items())
+    first, added = next(members)
+    if first != _TAIL_KEY or not isinstance(added, list) or not added or added[0] != 0:
+        return None
+    added = added[1:]
+    names = {name for name, _ in entry.head}
+    names.add(entry.name)
+    body = dict(entry.head)
+    items = entry.items[:k] + added
+    body[entry.name] = items
+    for name, value in members:
+        if name in names:
+            return None  # a member the part before the cut has: parse it whole
+        body[name] = value
+    if not within_depth(tail, MAX_DEPTH):
+        return None  # parse it whole, for the error it deserves
+    cuts = list(entry.cuts[:k])
+    at = cut + 1
+    for item in added:
+        at += len(orjson.dumps(item))
+        cuts.append(at)
+        at += 1
+    new = Remembered(entry.name, raw[: cuts[-1]], tuple(cuts), entry.head, items)
+    return Reparsed(body, k, new, entry)
+
+
+def _canonical(raw: bytes, body: dict[str, Any], name: str) -> Remembered | None:
+    """``raw`` as a ``Remembered`` when it is exactly what orjson writes for ``body``."""
+    items = body.get(name)
+    if not isinstance(items, list) or not items:
+        return None
+    head: list[tuple[str, Any]] = []
+    for key, value in body.items():
+        if key == name:
+            break
+        head.append((key, value))
+    try:
+        # '{' + the members before, ',' between, then '"name":[' and the elements, ','
+        # between. The start and the first element first: a client that writes otherwise
+        # (spaces, ASCII escapes) is told apart without writing the whole body.
+        start = orjson.dumps(dict(head))[:-1] + (b"," if head else b"") + orjson.dumps(name)
+        first = orjson.dumps(items[0])
+        at = len(start) + 2
+        if raw[:at] != start + b":[" or raw[at : at + len(first)] != first:
+            return None
+        if orjson.dumps(body) != raw:
+            return None
+    except orjson.JSONEncodeError:
+        return None
+    cuts = []
+    for item in items:
+        at += len(orjson.dumps(item))
+        cuts.append(at)
+        at += 1
+    if raw[cuts[-1] : cuts[-1] + 1] != b"]":
+        return None  # (cannot happen for a canonical body; kept as the invariant's check)
+    return Remembered(name, raw[: cuts[-1]], tuple(cuts), tuple(head), items)
