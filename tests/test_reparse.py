@@ -1,0 +1,376 @@
+"""A body that resends a recent one's history is parsed only past what they share (#28).
+
+``proxy.core.reparse`` must give exactly ``orjson.loads``'s value, or nothing (then the body
+is parsed whole, with the error a whole parse gives). Checked on every recorded agent run in
+each client's shape, on the bytes the official SDKs write, on every way the rest of a body
+can differ, and through the real app on a socket with the official client: what the upstream
+receives is what the client sent, and the next requests were parsed from the remembered ones.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+import openai
+import orjson
+import pytest
+import uvicorn
+
+from proxy.config import parse_config
+from proxy.core.reparse import ANCHOR_BYTES, Reparser
+from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
+from proxy.core.validation import SLICED_BYTES
+from proxy.server.app import create_app
+from proxy.server.incoming import parse_and_validate
+from proxy.server.onewrite import OneWriteHttpToolsProtocol
+from tests.replay import shapes
+from tests.replay.fixtures import load_runs
+from tests.upstream import ScriptedUpstream
+
+FILLER = "lorem ipsum dolor sit amet " * 40  # ~1 KB a message
+
+
+def _body(n: int, **extra: Any) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are terse. " * 30}]
+    for i in range(n):
+        role = "user" if i % 2 == 0 else "assistant"
+        messages.append({"role": role, "content": f"{i} {FILLER}"})
+    return {"model": "gpt-4o", "messages": messages, **extra}
+
+
+def _parse(rp: Reparser, raw: bytes, name: str = "messages") -> tuple[dict[str, Any], int]:
+    """What the chat route does: the reparse or the whole parse, then remembered."""
+    found = rp.parse(raw, name)
+    if found is not None:
+        rp.accept(found)
+        return found.body, found.shared
+    body = orjson.loads(raw)
+    rp.remember(raw, body, name)
+    return body, 0
+
+
+@pytest.mark.parametrize(
+    ("render", "name"),
+    [
+        (shapes.messages_body, "messages"),
+        (shapes.responses_body, "input"),
+        (shapes.chat_body, "messages"),
+    ],
+)
+def test_every_recorded_run_parses_to_orjsons_value(render: Any, name: str) -> None:
+    runs = load_runs()
+    assert runs, "the recorded runs are part of the repository"
+    for run in runs:
+        rp = Reparser(min_bytes=0)
+        requests = 0
+        turns = run["turns"]
+        for i, turn in enumerate(turns):
+            if turn["role"] != "assistant" or i == 0:
+                continue
+            raw = orjson.dumps(render(run, turns[:i], "model-x"))
+            body, _ = _parse(rp, raw, name)
+            whole = orjson.loads(raw)
+            assert body == whole and list(body) == list(whole)
+            assert list(body[name]) == list(whole[name])
+            requests += 1
+        # Every request after the first two extends a remembered one (Claude Code's moving
+        # cache mark included: the shape puts it on the last user block).
+        assert rp.reused >= requests - 2, (run.get("agent"), requests, rp.reused)
+
+
+def _sdk_bytes() -> list[bytes]:
+    """What the official OpenAI and Anthropic SDKs write for a request (not sent anywhere)."""
+    sent: list[bytes] = []
+
+    def keep(request: Any) -> Any:
+        sent.append(request.content)
+        module = httpx2 if isinstance(request, httpx2.Request) else httpx
+        return module.Response(400, json={"error": {"message": "recorded"}})
+
+    messages = [{"role": "user", "content": f'h\u00e9llo \x1b \u2028 "quoted" </x> {FILLER}'}]
+    oa = openai.OpenAI(
+        api_key="sk-test",
+        base_url="http://127.0.0.1:9/v1",
+        http_client=httpx.Client(transport=httpx.MockTransport(keep)),
+        max_retries=0,
+    )
+    with pytest.raises(openai.BadRequestError):
+        oa.chat.completions.create(model="gpt-4o", messages=messages, temperature=1.0)  # type: ignore[arg-type]
+    an = anthropic.Anthropic(
+        api_key="sk-test",
+        base_url="http://127.0.0.1:9",
+        http_client=httpx2.Client(transport=httpx2.MockTransport(keep)),
+        max_retries=0,
+    )
+    with pytest.raises(anthropic.BadRequestError):
+        an.messages.create(model="claude-sonnet-4-5", max_tokens=64, messages=messages)  # type: ignore[arg-type]
+    return sent
+
+
+def test_the_official_sdks_write_bodies_it_remembers() -> None:
+    for raw in _sdk_bytes():
+        rp = Reparser(min_bytes=0)
+        body = orjson.loads(raw)
+        rp.remember(raw, body, "messages")
+        assert len(rp) == 1, raw[:80]
+        longer = dict(body)
+        longer["messages"] = [*body["messages"], {"role": "assistant", "content": "ok"}]
+        found = rp.parse(orjson.dumps(longer), "messages")
+        assert found is not None and found.body == longer and found.shared == 1
+
+
+def test_a_body_written_otherwise_is_not_remembered() -> None:
+    body = _body(12)
+    rp = Reparser(min_bytes=0)
+    import json
+
+    for raw in (
+        json.dumps(body).encode(),  # the standard library's spaces
+        json.dumps(body, separators=(",", ":"), ensure_ascii=True)
+        .encode()
+        .replace(b"lorem", b"\\u006corem"),  # an escape orjson would not write
+        orjson.dumps(body, option=orjson.OPT_INDENT_2),
+    ):
+        rp.remember(raw, orjson.loads(raw), "messages")
+    assert len(rp) == 0
+
+
+def _remembered(n: int = 12, **extra: Any) -> tuple[Reparser, dict[str, Any]]:
+    rp = Reparser(min_bytes=0)
+    body = _body(n, **extra)
+    rp.remember(orjson.dumps(body), body, "messages")
+    assert len(rp) == 1
+    return rp, body
+
+
+def _rest(rp: Reparser, body: dict[str, Any], rest: bytes, drop: int = 0) -> Any:
+    """``body``'s bytes up to the end of its messages (without the last ``drop``), then
+    ``rest``: what the reparser makes of it, and what orjson makes of it (or its error)."""
+    raw = orjson.dumps(body)
+    keep = body["messages"][: len(body["messages"]) - drop]
+    cut = raw.index(orjson.dumps(keep)[:-1]) + len(orjson.dumps(keep)) - 1
+    new = raw[:cut] + rest
+    try:
+        whole: Any = orjson.loads(new)
+    except orjson.JSONDecodeError as exc:
+        whole = exc
+    return rp.parse(new, "messages"), whole
+
+
+def test_what_extends_a_remembered_body_parses_as_a_whole_body_would() -> None:
+    rp, body = _remembered(max_tokens=50, stream=False)
+    cases = [
+        b'],"max_tokens":50,"stream":false}',  # the same body again
+        b',{"role":"user","content":"next"}],"max_tokens":50,"stream":false}',
+        b',{"role":"user","content":"next"},{"role":"assistant","content":null,'
+        b'"tool_calls":[{"id":"c1","type":"function","function":{"name":"f",'
+        b'"arguments":"{}"}}]}],"max_tokens":9,"stream":true,"tools":[]}',
+        b"]}",  # the members after the array left out
+    ]
+    for rest in cases:
+        found, whole = _rest(rp, body, rest)
+        assert found is not None, rest
+        assert found.body == whole and list(found.body) == list(whole)
+        assert found.shared == len(body["messages"])
+    # The last element changed (a cache mark moved): the one before is where they agree.
+    found, whole = _rest(
+        rp, body, b',{"role":"assistant","content":"changed"}],"max_tokens":50}', drop=1
+    )
+    assert found is not None and found.body == whole
+    assert found.shared == len(body["messages"]) - 1
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [
+        b',{"role":"user","content":"x"}],"max_tokens":50,"max_tokens":60}',  # repeated
+        b',{"role":"user","content":"x"}],"model":"other"}',  # a member before the array
+        b',{"role":"user","content":"x"}],"messages":[]}',  # the array again
+        b',{"role":"user","content":"x"}],"\\u0000":1}',  # the parse's own key
+        b',{"role":"user", "content":"x"}]}',  # a space orjson would not write
+        b',{"role":"user","content":"\\u0078"}]}',  # an escape orjson would not write
+        b',{"role":"user","content":"x"}],"n":1.50}',  # a number written otherwise
+        b',{"role":"user","content":"x"}',  # cut short
+        b',{"role":"user","content":"x"}]}garbage',
+        b",]}",
+        b'.5],"max_tokens":50}',
+        b'],"n":123456789012345678901234567890}',  # past 64 bits: orjson refuses it
+        b',"\\ud800"]}',  # a lone surrogate
+        b"," + b"[" * 220 + b"]" * 220 + b"]}",  # deeper than the proxy allows
+    ],
+)
+def test_anything_else_is_left_to_the_whole_parse(rest: bytes) -> None:
+    rp, body = _remembered()
+    found, _ = _rest(rp, body, rest)
+    assert found is None
+
+
+def test_the_whole_parse_gives_the_errors() -> None:
+    rp, body = _remembered()
+    raw = orjson.dumps(body)
+    cut = raw.rindex(b"]")
+    for bad in (raw[:cut] + b',{"role":"user"', raw[:cut] + b"," + b"[" * 220 + b"]" * 220 + b"]}"):
+        with pytest.raises(Exception) as whole:
+            parse_and_validate(bad, OPENAI_CHAT)
+        with pytest.raises(type(whole.value)) as reparsed:
+            parse_and_validate(bad, OPENAI_CHAT, rp)
+        assert str(reparsed.value) == str(whole.value)
+    # A body the surface refuses is refused the same, and not remembered.
+    refused = raw[:cut] + b',{"role":"nobody","content":"x"}]}'
+    with pytest.raises(Exception) as whole:
+        parse_and_validate(refused, OPENAI_CHAT)
+    before = rp.reused
+    with pytest.raises(type(whole.value)) as reparsed:
+        parse_and_validate(refused, OPENAI_CHAT, rp)
+    assert str(reparsed.value) == str(whole.value)
+    assert rp.reused == before
+
+
+def test_an_earlier_change_or_another_array_is_not_reused() -> None:
+    rp, body = _remembered()
+    edited = dict(body)
+    edited["messages"] = [dict(m) for m in body["messages"]]
+    edited["messages"][1]["content"] = "edited early"
+    assert rp.parse(orjson.dumps(edited), "messages") is None
+    assert rp.parse(orjson.dumps(body), "input") is None
+
+
+def test_a_huge_new_part_is_parsed_whole() -> None:
+    rp, body = _remembered()
+    big = dict(body)
+    big["messages"] = [*body["messages"], {"role": "user", "content": "x" * SLICED_BYTES}]
+    assert rp.parse(orjson.dumps(big), "messages") is None
+
+
+def test_small_bodies_are_not_remembered_and_the_bounds_hold() -> None:
+    small = _body(1)
+    raw = orjson.dumps(small)
+    rp = Reparser(min_bytes=len(raw) + 1)
+    rp.remember(raw, small, "messages")
+    assert len(rp) == 0 and rp.parse(raw, "messages") is None
+
+    rp = Reparser(min_bytes=0, max_entries=3)
+    for n in range(6):
+        body = _body(4)
+        body["messages"][0]["content"] = f"conversation {n} " + FILLER  # another anchor
+        rp.remember(orjson.dumps(body), body, "messages")
+    assert len(rp) == 3
+
+    body = _body(8)
+    size = len(orjson.dumps(body))
+    rp = Reparser(min_bytes=0, max_bytes=size * 2)
+    for n in range(5):
+        body = _body(8)
+        body["messages"][0]["content"] = f"conversation {n} " + FILLER
+        rp.remember(orjson.dumps(body), body, "messages")
+    assert 1 <= len(rp) <= 2
+
+    # Many conversations that agree on their first bytes: the newest are kept for them.
+    rp = Reparser(min_bytes=0)
+    for n in range(40):
+        body = _body(6)
+        body["messages"][-1]["content"] = f"conversation {n} " + FILLER
+        assert orjson.dumps(body)[:ANCHOR_BYTES] == orjson.dumps(_body(6))[:ANCHOR_BYTES]
+        rp.remember(orjson.dumps(body), body, "messages")
+    assert len(rp) <= 16
+
+
+def test_the_body_it_extends_is_replaced() -> None:
+    rp, body = _remembered()
+    for n in range(5):
+        body = dict(body)
+        body["messages"] = [*body["messages"], {"role": "user", "content": f"turn {n}"}]
+        got, shared = _parse(rp, orjson.dumps(body))
+        assert got == body and shared == len(body["messages"]) - 1
+    assert len(rp) == 1 and rp.reused == 5
+
+
+# ---- through the app, on a socket, with the official client --------------------------------
+
+
+class _Served:
+    """The proxy's app (``create_app``, its lifespan run) served by uvicorn in a thread, as
+    the CLI serves it (its one-write protocol)."""
+
+    def __init__(self, tmp: Path, upstream: str) -> None:
+        config = parse_config(
+            {
+                "upstream": {"base_url": upstream},
+                "store": {"url": f"diskcache://{tmp / 'store'}"},
+                "compaction": {"trigger_tokens": 10_000_000},
+            }
+        )
+        self.app = create_app(config)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                self.app, log_level="warning", access_log=False, http=OneWriteHttpToolsProtocol
+            )
+        )
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]})
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "proxy did not start"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[_Served, ScriptedUpstream]]:
+    with ScriptedUpstream() as up:
+        proxy = _Served(tmp_path, up.base_url)
+        try:
+            yield proxy, up
+        finally:
+            proxy.stop()
+
+
+def test_through_the_proxy_the_upstream_gets_what_the_client_sent(
+    served: tuple[_Served, ScriptedUpstream],
+) -> None:
+    proxy, up = served
+    client = openai.OpenAI(
+        api_key="sk-reparse", base_url=f"http://127.0.0.1:{proxy.port}/v1", max_retries=0
+    )
+    messages: list[dict[str, Any]] = _body(10)["messages"]
+    for turn in range(6):
+        messages.append({"role": "user", "content": f"question {turn} {FILLER}"})
+        reply = client.chat.completions.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    sent = [orjson.loads(r.body) for r in up.chat_requests()]
+    assert len(sent) == 6
+    assert [len(b["messages"]) for b in sent] == [12 + 2 * t for t in range(6)]
+    assert sent[-1]["messages"] == messages[:-1]
+    reparser: Reparser = proxy.app.state.reparser
+    assert reparser.reused == 5  # every request after the first, from the one before
+
+    # A body that extends the last one but breaks off: the whole parse's 400, in OpenAI's shape.
+    raw = orjson.dumps({"model": "gpt-4o", "messages": messages})
+    broken = raw[: raw.rindex(b"]")] + b',{"role":"user","content":"x"'
+    answer = httpx.post(
+        f"http://127.0.0.1:{proxy.port}/v1/chat/completions",
+        content=broken,
+        headers={"content-type": "application/json", "authorization": "Bearer sk-reparse"},
+    )
+    assert answer.status_code == 400
+    assert "not valid JSON" in answer.json()["error"]["message"]
+    assert reparser.reused == 5
+
+
+@pytest.mark.parametrize("surface", [ANTHROPIC_MESSAGES, OPENAI_RESPONSES])
+def test_each_surface_names_its_history(surface: Any) -> None:
+    assert surface.history_key == ("input" if surface is OPENAI_RESPONSES else "messages")
