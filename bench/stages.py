@@ -150,7 +150,7 @@ async def one(
     t0 = clock()
     body = parse_json_object(raw)
     t1 = clock()
-    surface.validate(body)
+    surface.validate(body, 0)
     t2 = clock()
     tenant = tenant_id(key, None)
     view = surface.to_view(body)

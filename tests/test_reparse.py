@@ -374,3 +374,58 @@ def test_through_the_proxy_the_upstream_gets_what_the_client_sent(
 @pytest.mark.parametrize("surface", [ANTHROPIC_MESSAGES, OPENAI_RESPONSES])
 def test_each_surface_names_its_history(surface: Any) -> None:
     assert surface.history_key == ("input" if surface is OPENAI_RESPONSES else "messages")
+
+
+@pytest.mark.parametrize(
+    ("middle", "taken"),
+    [
+        (b',{"role":"user","content":"x"}', True),
+        (b',{"role":"user","content":"x"},{"role":"user","content":"y"}', True),
+        # The array closed early and a member of its own: not whole elements, but the rest
+        # as a whole is canonical, so it is taken that way (the same value as orjson's).
+        (b',{"role":"user","content":"x"}],"x":[1', True),
+        (b', {"role":"user","content":"x"}', False),  # a space orjson would not write
+        (b',{"role":"user","content":"\\u0078"}', False),  # an escape orjson would not write
+        (b',{"role":"user","content":"x"},', False),
+        (b'{"role":"user","content":"x"}', False),  # no comma
+        (b',{"role":"user","content":"x","content":"y"}', False),  # a member repeated
+    ],
+)
+def test_between_the_same_bytes_only_whole_elements_are_taken(middle: bytes, taken: bool) -> None:
+    """The members after the array as remembered, byte for byte: only what lies between is
+    parsed, and it must be whole elements written as orjson writes them."""
+    rp, body = _remembered(max_tokens=50, tools=[{"type": "function", "name": "f"}])
+    raw = orjson.dumps(body)
+    end = raw.rindex(b'],"max_tokens"')
+    new = raw[:end] + middle + raw[end:]
+    found = rp.parse(new, "messages")
+    if taken:
+        assert found is not None and found.body == orjson.loads(new)
+        assert list(found.body) == list(orjson.loads(new))
+    else:
+        assert found is None
+
+
+def test_the_depth_limit_is_where_the_whole_parse_puts_it() -> None:
+    """Elements nested around the proxy's depth limit: the reparse accepts exactly what the
+    whole parse accepts, through both of its paths (the same members after the array or
+    others)."""
+    rp = Reparser(min_bytes=0)
+    base = orjson.dumps(_body(12, max_tokens=50))
+    parse_and_validate(base, OPENAI_CHAT, rp)
+    for depth in range(190, 210):
+        nested: Any = "x"
+        for _ in range(depth):
+            nested = [nested]
+        for extra in (b"", b',"stream":false'):
+            added = orjson.dumps({"role": "user", "content": "x", "extra": nested})
+            end = base.rindex(b"]")
+            raw = base[:end] + b"," + added + b'],"max_tokens":50' + extra + b"}"
+            outcomes = []
+            for reparser in (None, rp):
+                try:
+                    outcomes.append(parse_and_validate(raw, OPENAI_CHAT, reparser))
+                except Exception as exc:  # the verdict, whichever it is
+                    outcomes.append(f"{type(exc).__name__}: {exc}")
+            assert outcomes[0] == outcomes[1], (depth, extra)
+    assert rp.reused > 0

@@ -37,7 +37,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, within_depth
+from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, WRITABLE_LEVELS
 
 # Bodies are found by their first bytes (where conversations of one client often agree: the
 # model, the system prompt) and then told apart by the bytes before a cut.
@@ -63,6 +63,12 @@ class Remembered:
     cuts: tuple[int, ...]
     head: tuple[tuple[str, Any], ...]
     items: list[Any]
+    rest: bytes  # from the array's closing bracket to the end
+    after: tuple[tuple[str, Any], ...]  # the members after the array
+
+    @property
+    def size(self) -> int:
+        return len(self.prefix) + len(self.rest)
 
 
 @dataclass(frozen=True)
@@ -83,8 +89,8 @@ class Reparser:
     def __init__(
         self,
         *,
-        max_entries: int = 64,
-        max_bytes: int = 32 * 1024 * 1024,
+        max_entries: int = 128,
+        max_bytes: int = 8 * 1024 * 1024,
         min_bytes: int = MIN_BYTES,
     ) -> None:
         self.max_entries = max_entries
@@ -131,7 +137,7 @@ class Reparser:
         bucket = self._by_anchor.setdefault(anchor, [])
         bucket.insert(0, entry)
         self._order[id(entry)] = (anchor, entry)
-        self._bytes += len(entry.prefix)
+        self._bytes += entry.size
         while len(bucket) > _PER_ANCHOR:
             self._drop(anchor, bucket[-1])
         while self._order and (len(self._order) > self.max_entries or self._bytes > self.max_bytes):
@@ -141,7 +147,7 @@ class Reparser:
     def _drop(self, anchor: bytes, entry: Remembered) -> None:
         if self._order.pop(id(entry), None) is None:
             return  # dropped already (by another thread's request of the same conversation)
-        self._bytes -= len(entry.prefix)
+        self._bytes -= entry.size
         bucket = self._by_anchor.get(anchor)
         if bucket is not None:
             bucket[:] = [e for e in bucket if e is not entry]
@@ -170,44 +176,75 @@ def _extend(entry: Remembered, raw: bytes) -> Reparsed | None:
 def _with_rest(entry: Remembered, k: int, raw: bytes, cut: int) -> Reparsed | None:
     """The body: ``entry``'s members before the array, its first ``k`` elements, and what the
     bytes from ``cut`` on give; None when they are not JSON or not canonical there."""
-    rest = raw[cut:]
-    if len(rest) >= SLICED_BYTES:
+    end = len(raw) - len(entry.rest)
+    if end >= cut and raw.endswith(entry.rest):
+        # The same members after the array (the tools, say), byte for byte: only the new
+        # elements between are parsed. They are whole values, each after a comma, exactly
+        # when '[0' + them + ']' is one canonical array; then the array closes where the
+        # remembered one did, and the rest is in the state it was in there.
+        added = _canonical_value(b"[0" + raw[cut:end] + b"]", nested=1)
+        if isinstance(added, list) and added and added[0] == 0:
+            return _reparsed(entry, k, raw, cut, added[1:], entry.after)
+    if len(raw) - cut >= SLICED_BYTES:
         return None  # a huge new part is parsed in slices, as a whole body would be
-    text = _OPEN + rest
-    try:
-        tail = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
+    tail = _canonical_value(_OPEN + raw[cut:])
     if not isinstance(tail, dict):
-        return None
-    try:
-        if orjson.dumps(tail) != text:
-            return None  # a member repeated, or not written as orjson writes it
-    except orjson.JSONEncodeError:
         return None
     members = iter(tail.items())
     first, added = next(members)
     if first != _TAIL_KEY or not isinstance(added, list) or not added or added[0] != 0:
         return None
-    added = added[1:]
+    after = tuple(members)
     names = {name for name, _ in entry.head}
     names.add(entry.name)
-    body = dict(entry.head)
+    if any(name in names for name, _ in after):
+        return None  # a member the part before the cut has: parse it whole
+    return _reparsed(entry, k, raw, cut, added[1:], after)
+
+
+def _canonical_value(text: bytes, nested: int = 0) -> Any:
+    """``text``'s value when orjson writes it back byte for byte and, ``nested`` levels
+    deeper in the body, it lies within the proxy's depth (one write of it inside as many
+    arrays as ``validation.within_depth`` needs), else None: parsed whole, the body gets the
+    verdict a whole parse gives."""
+    if len(text) >= SLICED_BYTES:
+        return None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    levels = WRITABLE_LEVELS - MAX_DEPTH + nested
+    wrapped = value
+    for _ in range(levels):
+        wrapped = [wrapped]
+    try:
+        if orjson.dumps(wrapped) != b"[" * levels + text + b"]" * levels:
+            return None  # a member repeated, or not written as orjson writes it
+    except orjson.JSONEncodeError:
+        return None  # deeper than the proxy allows, or a value orjson cannot write
+    return value
+
+
+def _reparsed(
+    entry: Remembered,
+    k: int,
+    raw: bytes,
+    cut: int,
+    added: list[Any],
+    after: tuple[tuple[str, Any], ...],
+) -> Reparsed:
     items = entry.items[:k] + added
+    body = dict(entry.head)
     body[entry.name] = items
-    for name, value in members:
-        if name in names:
-            return None  # a member the part before the cut has: parse it whole
-        body[name] = value
-    if not within_depth(tail, MAX_DEPTH):
-        return None  # parse it whole, for the error it deserves
+    body.update(after)
     cuts = list(entry.cuts[:k])
     at = cut + 1
     for item in added:
         at += len(orjson.dumps(item))
         cuts.append(at)
         at += 1
-    new = Remembered(entry.name, raw[: cuts[-1]], tuple(cuts), entry.head, items)
+    last = cuts[-1]
+    new = Remembered(entry.name, raw[:last], tuple(cuts), entry.head, items, raw[last:], after)
     return Reparsed(body, k, new, entry)
 
 
@@ -216,11 +253,10 @@ def _canonical(raw: bytes, body: dict[str, Any], name: str) -> Remembered | None
     items = body.get(name)
     if not isinstance(items, list) or not items:
         return None
-    head: list[tuple[str, Any]] = []
-    for key, value in body.items():
-        if key == name:
-            break
-        head.append((key, value))
+    keys = list(body)
+    at_name = keys.index(name)
+    head = [(key, body[key]) for key in keys[:at_name]]
+    after = [(key, body[key]) for key in keys[at_name + 1 :]]
     try:
         # '{' + the members before, ',' between, then '"name":[' and the elements, ','
         # between. The start and the first element first: a client that writes otherwise
@@ -239,6 +275,7 @@ def _canonical(raw: bytes, body: dict[str, Any], name: str) -> Remembered | None
         at += len(orjson.dumps(item))
         cuts.append(at)
         at += 1
-    if raw[cuts[-1] : cuts[-1] + 1] != b"]":
+    last = cuts[-1]
+    if raw[last : last + 1] != b"]":
         return None  # (cannot happen for a canonical body; kept as the invariant's check)
-    return Remembered(name, raw[: cuts[-1]], tuple(cuts), tuple(head), items)
+    return Remembered(name, raw[:last], tuple(cuts), tuple(head), items, raw[last:], tuple(after))

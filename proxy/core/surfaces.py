@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -39,7 +40,8 @@ class Surface:
 
     name: str  # the route label in logs and metrics
     path: str
-    validate: Callable[[dict[str, Any]], None]
+    # (body, start): the elements of the history before ``start`` were checked already.
+    validate: Callable[[dict[str, Any], int], None]
     to_view: Callable[[dict[str, Any]], View]
     from_view: Callable[[dict[str, Any], View], dict[str, Any]]
     summary_role: Literal["system", "user"] | None  # None: the configured role
@@ -109,8 +111,9 @@ OPENAI_CHAT = Surface(
 _ANTHROPIC_ROLES = frozenset({"user", "assistant", "system"})
 
 
-def validate_messages(body: dict[str, Any]) -> None:
-    """The Messages API fields the proxy relies on; the upstream validates the rest."""
+def validate_messages(body: dict[str, Any], start: int = 0) -> None:
+    """The Messages API fields the proxy relies on; the upstream validates the rest (from
+    message ``start`` on: the ones before were checked already)."""
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise BadRequest("'model' must be a non-empty string")
     max_tokens = body.get("max_tokens")
@@ -124,7 +127,7 @@ def validate_messages(body: dict[str, Any]) -> None:
         raise BadRequest("'system' must be a string or an array of text blocks")
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be a boolean")
-    for i, m in enumerate(messages):
+    for i, m in enumerate(islice(messages, start, None), start):
         where = f"messages[{i}]"
         if not isinstance(m, dict):
             raise BadRequest(f"{where} must be an object")
@@ -242,14 +245,15 @@ ITEM_KEY = "_responses_item"  # the original input item behind a view message
 CLIENT_COMPACTION_ITEMS = frozenset({"compaction", "compaction_summary"})
 
 
-def validate_responses(body: dict[str, Any]) -> None:
+def validate_responses(body: dict[str, Any], start: int = 0) -> None:
+    """The Responses API fields the proxy relies on (input items from ``start`` on)."""
     if not isinstance(body.get("model"), str) or not body["model"]:
         raise BadRequest("'model' must be a non-empty string")
     items = body.get("input")
     if not isinstance(items, str | list):
         raise BadRequest("'input' must be a string or an array of input items")
     if isinstance(items, list):
-        for i, item in enumerate(items):
+        for i, item in enumerate(islice(items, start, None), start):
             if not isinstance(item, dict):
                 raise BadRequest(f"input[{i}] must be an object")
     instructions = body.get("instructions")

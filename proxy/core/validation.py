@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from itertools import chain, compress
+from itertools import chain, compress, islice
 from typing import Any
 
 import orjson
@@ -41,13 +41,13 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 def within_depth(value: Any, limit: int) -> bool:
     """Whether no array or object in ``value`` lies more than ``limit`` levels deep.
 
-    orjson writes at most ``_WRITABLE`` levels: ``value`` inside ``_WRITABLE - limit``
+    orjson writes at most ``WRITABLE_LEVELS`` levels: ``value`` inside ``WRITABLE_LEVELS - limit``
     arrays is written exactly when it is within ``limit``, in one C call (a Python walk over
     every value of a big history cost as much as parsing it). When orjson refuses, for its
     depth or for a value it cannot write (an integer past 64 bits), the walk decides."""
-    if 0 < limit <= _WRITABLE:
+    if 0 < limit <= WRITABLE_LEVELS:
         wrapped = value
-        for _ in range(_WRITABLE - limit):
+        for _ in range(WRITABLE_LEVELS - limit):
             wrapped = [wrapped]
         try:
             orjson.dumps(wrapped)
@@ -98,11 +98,12 @@ def _writable_levels() -> int:
     return 0
 
 
-_WRITABLE = _writable_levels()
+WRITABLE_LEVELS = _writable_levels()
 
 
-def validate_chat(body: dict[str, Any]) -> None:
-    """Check the fields the proxy relies on; the upstream validates the rest."""
+def validate_chat(body: dict[str, Any], start: int = 0) -> None:
+    """Check the fields the proxy relies on; the upstream validates the rest. Messages
+    before ``start`` were checked already (``proxy.core.reparse``: the same values)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("'model' must be a non-empty string")
@@ -111,7 +112,7 @@ def validate_chat(body: dict[str, Any]) -> None:
         raise BadRequest("'messages' must be a non-empty array")
     if "stream" in body and body["stream"] is not None and not isinstance(body["stream"], bool):
         raise BadRequest("'stream' must be a boolean")
-    for i, m in enumerate(messages):
+    for i, m in enumerate(islice(messages, start, None), start):
         # The common shapes, checked cheaply first: {"role": ..., "content": "text"}, a tool
         # result (with a "tool_call_id") and a tool-calling turn (content text or null).
         if type(m) is dict:

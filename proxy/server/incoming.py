@@ -84,11 +84,11 @@ def parse_and_validate(
     if reparser is not None:
         found = reparser.parse(raw, surface.history_key)
         if found is not None:
-            surface.validate(found.body)
+            surface.validate(found.body, found.shared)  # the shared ones were, as they are
             reparser.accept(found)
             return found.body
     body = parse_json_object(raw)
-    surface.validate(body)
+    surface.validate(body, 0)
     if reparser is not None:
         reparser.remember(raw, body, surface.history_key)
     return body
