@@ -8,7 +8,7 @@ from typing import Any
 
 from hooks.litellm_llm import INTERNAL_FLAG, underlying_model
 from proxy.core.fingerprint import tenant_id
-from proxy.engine.service import Incoming
+from proxy.engine.incoming import Incoming
 
 ROUTE = "litellm.chat.completions"  # the ledger's and the metrics' route label
 _CHAT_CALL_TYPES = frozenset({"completion", "acompletion"})

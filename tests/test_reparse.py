@@ -25,7 +25,8 @@ import pytest
 import uvicorn
 
 from proxy.config import parse_config
-from proxy.core.reparse import ANCHOR_BYTES, Reparser
+from proxy.core.fingerprint import fingerprints, prefix_chain
+from proxy.core.reparse import ANCHOR_BYTES, Prints, Reparser, Reuse, fingerprinted
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
 from proxy.core.validation import SLICED_BYTES
 from proxy.server.app import create_app
@@ -57,15 +58,58 @@ def _parse(rp: Reparser, raw: bytes, name: str = "messages") -> tuple[dict[str, 
     return body, 0
 
 
-@pytest.mark.parametrize(
-    ("render", "name"),
-    [
-        (shapes.messages_body, "messages"),
-        (shapes.responses_body, "input"),
-        (shapes.chat_body, "messages"),
-    ],
-)
-def test_every_recorded_run_parses_to_orjsons_value(render: Any, name: str) -> None:
+SHAPES = [
+    (shapes.messages_body, ANTHROPIC_MESSAGES),
+    (shapes.responses_body, OPENAI_RESPONSES),
+    (shapes.chat_body, OPENAI_CHAT),
+]
+
+
+@pytest.mark.parametrize(("render", "surface"), SHAPES)
+def test_every_recorded_run_is_fingerprinted_as_from_scratch(render: Any, surface: Any) -> None:
+    """Through the route's parse and the surface's view, the fingerprints and chain taken
+    from the body each request resends are the ones computed from scratch: every request of
+    every recorded run, with the tenant changing now and then (the chain is per tenant)."""
+    taken = 0
+    for run in load_runs():
+        rp = Reparser(min_bytes=0)
+        turns = run["turns"]
+        for i, turn in enumerate(turns):
+            if turn["role"] != "assistant" or i == 0:
+                continue
+            raw = orjson.dumps(render(run, turns[:i], "model-x"))
+            body, reuse = parse_and_validate(raw, surface, rp)
+            assert reuse is not None
+            tenant = f"tenant-{i // 7}"
+            view = surface.to_view(body)
+            fps, chain = fingerprinted(tenant, view, reuse)
+            assert fps == fingerprints(view)
+            assert chain == prefix_chain(tenant, fps)
+            taken += reuse.shared > 0 and reuse.earlier.offset >= 0
+    assert taken > 500
+
+
+def test_prints_not_yet_left_or_another_head_are_computed_afresh() -> None:
+    rp, body = _remembered()
+    longer = dict(body)
+    longer["messages"] = [*body["messages"], {"role": "user", "content": "next"}]
+    found = rp.parse(orjson.dumps(longer), "messages")
+    assert found is not None
+    # The earlier request never got as far as its fingerprints (it failed, or is in flight).
+    view = OPENAI_CHAT.to_view(found.body)
+    fps, chain = fingerprinted("t", view, found.reuse)
+    assert fps == fingerprints(view) and chain == prefix_chain("t", fps)
+    assert found.reuse.mine.fps == fps and found.reuse.mine.chain == chain
+    # The earlier view had a message before the history (a system prompt) this one has not.
+    earlier = Prints("t", 1, [b"s" * 16, *fps], prefix_chain("t", [b"s" * 16, *fps]))
+    reuse = Reuse(earlier, len(view) - 1, len(view), Prints())
+    fps2, chain2 = fingerprinted("t", view, reuse)
+    assert fps2 == fingerprints(view) and chain2 == prefix_chain("t", fps2)
+
+
+@pytest.mark.parametrize(("render", "surface"), SHAPES)
+def test_every_recorded_run_parses_to_orjsons_value(render: Any, surface: Any) -> None:
+    name = surface.history_key
     runs = load_runs()
     assert runs, "the recorded runs are part of the repository"
     for run in runs:
@@ -424,7 +468,7 @@ def test_the_depth_limit_is_where_the_whole_parse_puts_it() -> None:
             outcomes = []
             for reparser in (None, rp):
                 try:
-                    outcomes.append(parse_and_validate(raw, OPENAI_CHAT, reparser))
+                    outcomes.append(parse_and_validate(raw, OPENAI_CHAT, reparser)[0])
                 except Exception as exc:  # the verdict, whichever it is
                     outcomes.append(f"{type(exc).__name__}: {exc}")
             assert outcomes[0] == outcomes[1], (depth, extra)

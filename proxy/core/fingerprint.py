@@ -173,7 +173,11 @@ def chain_root(tenant: str) -> bytes:
 
 def prefix_chain(tenant: str, fps: Sequence[bytes]) -> list[bytes]:
     """All prefix hashes ``h[0..n]`` in one pass; ``h[k]`` names the first k messages."""
-    chain = [chain_root(tenant)]
+    return extend_chain([chain_root(tenant)], fps)
+
+
+def extend_chain(chain: list[bytes], fps: Sequence[bytes]) -> list[bytes]:
+    """``chain`` (a prefix chain) continued over the next messages' ``fps``, in place."""
     digest = xxhash.xxh3_128_digest
     for fp in fps:
         chain.append(digest(chain[-1] + fp))

@@ -18,13 +18,7 @@ from proxy.core.behaviour import LoopBreak, observe
 from proxy.core.commands import CompactNow, Compute, Flow, Read
 from proxy.core.controls import Controls, sampled
 from proxy.core.errors import StoreError
-from proxy.core.fingerprint import (
-    conversation_id,
-    earlier_conversation_id,
-    fingerprint,
-    fingerprints,
-    prefix_chain,
-)
+from proxy.core.fingerprint import conversation_id, earlier_conversation_id, fingerprint
 from proxy.core.flow_compact import persist
 from proxy.core.flow_watch import watch
 from proxy.core.lookup import best_checkpoint, checked_record, checkpoint_keys, record_key
@@ -32,6 +26,7 @@ from proxy.core.messages import Message
 from proxy.core.modelmap import context_window, provider_family
 from proxy.core.prepared import Env, Outcome, Prepared
 from proxy.core.records import CompactionRecord, conv_key
+from proxy.core.reparse import Reuse, fingerprinted
 from proxy.core.stability import StabilityState
 from proxy.core.view import reviewed, view
 
@@ -63,6 +58,8 @@ class Request:
     # When the request arrived (the driver's clock, as data): the cost policy compares it
     # with the conversation's last request and the provider's cache TTL.
     now: float | None = None
+    # What the body it resends left: the shared messages' fingerprints (``reparse``).
+    reuse: Reuse | None = None
 
 
 @dataclass(frozen=True)
@@ -91,8 +88,7 @@ class State:
 def identify(env: Env, messages: list[Message], req: Request) -> Identity:
     """Fingerprints, prefix chain, conversation id (and the session's earlier one, see
     ``fingerprint.conversation_id``) and per-message token counts."""
-    fps = fingerprints(messages)
-    chain = prefix_chain(req.tenant, fps)
+    fps, chain = fingerprinted(req.tenant, messages, req.reuse)
     conversation = conversation_id(chain, messages, req.conversation_header)
     earlier = earlier_conversation_id(chain, messages, req.conversation_header)
     counts = env.counter.count_messages(messages, req.model, fps)

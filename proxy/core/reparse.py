@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
+from proxy.core.fingerprint import extend_chain, fingerprints, prefix_chain
+from proxy.core.messages import Message
 from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, WRITABLE_LEVELS
 
 # Bodies are found by their first bytes (where conversations of one client often agree: the
@@ -53,6 +55,31 @@ _TAIL_KEY = "\x00"
 _OPEN = b'{"\\u0000":[0'  # the rest of a body, parsed as if the array had one element
 
 
+@dataclass
+class Prints:
+    """What the engine computed from a remembered body's view, for the next body to take
+    (filled once, by ``fingerprinted``): the tenant, how many view messages come before the
+    history's first element (a system prompt, instructions), each view message's
+    fingerprint and the prefix chain. Empty (``offset`` -1) until then."""
+
+    tenant: str = ""
+    offset: int = -1
+    fps: list[bytes] = field(default_factory=list)
+    chain: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a request may take from the body it resends: ``earlier``'s prints of its first
+    ``shared`` history elements (the same values: compared byte for byte); ``elements``: this
+    body's history length; ``mine``: where this body's prints go for the next one."""
+
+    earlier: Prints
+    shared: int
+    elements: int
+    mine: Prints
+
+
 @dataclass(frozen=True)
 class Remembered:
     """A canonical body: its bytes up to the end of its history array's last element, where
@@ -65,6 +92,7 @@ class Remembered:
     items: list[Any]
     rest: bytes  # from the array's closing bracket to the end
     after: tuple[tuple[str, Any], ...]  # the members after the array
+    prints: Prints = field(default_factory=Prints)
 
     @property
     def size(self) -> int:
@@ -81,6 +109,10 @@ class Reparsed:
     shared: int
     entry: Remembered
     extends: Remembered
+
+    @property
+    def reuse(self) -> Reuse:
+        return Reuse(self.extends.prints, self.shared, len(self.entry.items), self.entry.prints)
 
 
 class Reparser:
@@ -124,14 +156,17 @@ class Reparser:
             self._drop(anchor, found.extends)
             self._add(anchor, found.entry)
 
-    def remember(self, raw: bytes, body: dict[str, Any], name: str) -> None:
-        """Keep ``raw`` (parsed whole into ``body``, valid) when it is canonical."""
+    def remember(self, raw: bytes, body: dict[str, Any], name: str) -> Reuse | None:
+        """Keep ``raw`` (parsed whole into ``body``, valid) when it is canonical; then where
+        its prints go (nothing to take: it extends no remembered body)."""
         if len(raw) < self.min_bytes:
-            return
+            return None
         entry = _canonical(raw, body, name)
-        if entry is not None:
-            with self._lock:
-                self._add(raw[:ANCHOR_BYTES], entry)
+        if entry is None:
+            return None
+        with self._lock:
+            self._add(raw[:ANCHOR_BYTES], entry)
+        return Reuse(_NONE, 0, len(entry.items), entry.prints)
 
     def _add(self, anchor: bytes, entry: Remembered) -> None:
         bucket = self._by_anchor.setdefault(anchor, [])
@@ -279,3 +314,43 @@ def _canonical(raw: bytes, body: dict[str, Any], name: str) -> Remembered | None
     if raw[last : last + 1] != b"]":
         return None  # (cannot happen for a canonical body; kept as the invariant's check)
     return Remembered(name, raw[:last], tuple(cuts), tuple(head), items, raw[last:], tuple(after))
+
+
+_NONE = Prints()  # (never filled: ``fingerprinted`` fills ``Reuse.mine`` only)
+
+
+def fingerprinted(
+    tenant: str, messages: list[Message], reuse: Reuse | None
+) -> tuple[list[bytes], list[bytes]]:
+    """The view's fingerprints and prefix chain (``fingerprint.fingerprints``,
+    ``prefix_chain``), taking the earlier body's for the history elements the two share.
+
+    A surface's view is the messages before the history (``offset`` of them, computed afresh)
+    and then one message per history element, made from that element alone: the shared
+    elements, equal values, have the earlier view's fingerprints. The chain up to them is the
+    earlier one when the tenant and the messages before are the same. What it computes is
+    left in ``reuse.mine`` (copies: the caller's lists are its own)."""
+    if reuse is None:
+        fps = fingerprints(messages)
+        return fps, prefix_chain(tenant, fps)
+    offset = len(messages) - reuse.elements
+    earlier, shared = reuse.earlier, reuse.shared
+    if offset < 0:  # (a view not made one message per element: nothing taken, nothing left)
+        fps = fingerprints(messages)
+        return fps, prefix_chain(tenant, fps)
+    fps = fingerprints(messages[:offset])
+    same_head = earlier.offset == offset and earlier.fps[:offset] == fps
+    taken = earlier.fps[earlier.offset : earlier.offset + shared] if earlier.offset >= 0 else []
+    if len(taken) == shared:
+        fps += taken
+        fps += fingerprints(messages[offset + shared :])
+    else:
+        fps += fingerprints(messages[offset:])
+        shared = 0
+    if same_head and earlier.tenant == tenant and len(earlier.chain) > offset + shared:
+        chain = extend_chain(earlier.chain[: offset + shared + 1], fps[offset + shared :])
+    else:
+        chain = prefix_chain(tenant, fps)
+    mine = reuse.mine
+    mine.tenant, mine.offset, mine.fps, mine.chain = tenant, offset, list(fps), list(chain)
+    return fps, chain

@@ -23,9 +23,11 @@ from proxy.adapters.forward import Forwarder, set_pair, upstream_pairs, upstream
 from proxy.adapters.upstreamcall import UpstreamRequest
 from proxy.core.fingerprint import tenant_id
 from proxy.core.headers import compaction_headers
+from proxy.core.reparse import Reuse
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, Surface
 from proxy.core.tokens import TokenCounter
-from proxy.engine.service import Call, Incoming, Service, too_long
+from proxy.engine.incoming import Incoming
+from proxy.engine.service import Call, Service, too_long
 
 # Never relayed upstream: the proxy reads the answer, so it asks for it uncompressed.
 _DROPPED = frozenset({"accept-encoding"})
@@ -42,6 +44,7 @@ class ChatRequest:
     raw_headers: Iterable[tuple[bytes, bytes]]  # as sent (the ones relayed upstream)
     started: float  # time.perf_counter() when the request arrived
     big: bool = False  # identify and count it in a worker thread
+    reuse: Reuse | None = None  # what the body it resends left (``proxy.core.reparse``)
 
 
 @dataclass
@@ -75,7 +78,7 @@ async def outgoing(service: Service, forwarder: Forwarder, req: ChatRequest) -> 
     counter = service.compactor.counter
     call = await service.begin(
         surface.name,
-        lambda: describe(req.headers, surface, body, counter, req.big),
+        lambda: describe(req.headers, surface, body, counter, req.big, req.reuse),
         started=req.started,
     )
     prepared = call.prepared
@@ -156,6 +159,7 @@ def describe(
     body: dict[str, Any],
     counter: TokenCounter,
     big: bool,
+    reuse: Reuse | None = None,
 ) -> Incoming:
     """The validated request as the service sees it (the surface's neutral view)."""
     credential = credential_of(headers)
@@ -178,4 +182,5 @@ def describe(
         offload=big,
         traceparent=headers.get("traceparent"),
         tracestate=headers.get("tracestate"),
+        reuse=reuse,
     )

@@ -38,6 +38,7 @@ from proxy.core.errors import CompactionFailed, StoreError
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, Prompts, nothing
 from proxy.core.records import MAX_CHECKPOINTS, conv_key
+from proxy.core.reparse import Reuse
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
 from proxy.engine.stepping import Done, advance
@@ -201,6 +202,7 @@ class Compactor:
         summary_joins: bool = False,
         reserve_tokens: int = 0,
         now: float | None = None,
+        reuse: Reuse | None = None,
     ) -> Prepared:
         """Identify, substitute, count and decide; compact inline when the decision says so
         (``flow_prepare.Request`` documents the arguments; ``bypass`` is short for
@@ -221,6 +223,7 @@ class Compactor:
             summary_joins=summary_joins,
             reserve_tokens=reserve_tokens,
             now=time.time() if now is None else now,
+            reuse=reuse,
         )
         flow = flow_prepare.prepare(self.env, messages, request)
         return await self.run(flow, off_loop=len(messages) >= STEP_OFFLOAD_MESSAGES)

@@ -25,43 +25,18 @@ from proxy.config import Config, load_prompt
 from proxy.core import billing
 from proxy.core.controls import request_controls
 from proxy.core.errors import ContextTooLong, StoreError
-from proxy.core.messages import Message
 from proxy.core.modelmap import context_window
 from proxy.core.prepared import Prepared, Prompts
 from proxy.core.records import conv_key
 from proxy.core.types import Case
 from proxy.engine.compactor import Compactor
+from proxy.engine.incoming import Incoming
 from proxy.engine.tracing import RequestTrace, TracedLLM, Tracer, current, start_tracing
 from proxy.logs import info_line
 from proxy.operators import ledger
 from proxy.operators.metrics import Metrics
 
 log = logging.getLogger("compaction_proxy.service")
-
-
-@dataclass(frozen=True)
-class Incoming:
-    """One chat request as a front door describes it (plain values, no HTTP)."""
-
-    messages: list[Message]
-    model: str  # as the client named it: opt-outs, detector and summarizer calls
-    tenant: str
-    tenant_name: str | None = None  # x-compaction-tenant
-    credential: str | None = None  # the client's key, relayed to the LLM (never logged)
-    compaction_header: str | None = None  # x-compaction: off | shadow
-    conversation_header: str | None = None  # x-conversation-id
-    # The provider model behind ``model`` (a LiteLLM model group): token counts, the
-    # context window and prices come from it. None: ``model`` itself.
-    counted_model: str | None = None
-    stateful: bool = False  # the provider keeps the conversation (never compacted)
-    summary_role: str | None = None
-    summary_joins: bool = False
-    outside_cache_marks: int = 0
-    reserve_tokens: int = 0  # tools and the requested reply, for the context-window guard
-    offload: bool = False  # a big body: identify and count it in a worker thread
-    # The client's W3C trace context: the request's span continues its trace (when traced).
-    traceparent: str | None = None
-    tracestate: str | None = None
 
 
 def too_long(prepared: Prepared | None, model: str) -> ContextTooLong | None:
@@ -181,6 +156,7 @@ class Service:
             outside_cache_marks=incoming.outside_cache_marks,
             summary_joins=incoming.summary_joins,
             reserve_tokens=incoming.reserve_tokens,
+            reuse=incoming.reuse,
         )
 
     async def send_as_sent(self, call: Call) -> bool:

@@ -72,10 +72,10 @@ async def _serve(scope: Scope, receive: Receive, surface: Surface, send: Send) -
     raw = await receive_body(head, receive, config.max_body_bytes, config.limits.body_timeout_s)
     big = len(raw) >= OFFLOAD_BYTES
     if big:  # parsing and checking megabytes would stall every other request on the loop
-        body = await asyncio.to_thread(parse_and_validate, raw, surface, state.reparser)
+        body, reuse = await asyncio.to_thread(parse_and_validate, raw, surface, state.reparser)
     else:
-        body = parse_and_validate(raw, surface, state.reparser)
-    request = ChatRequest(surface, raw, body, head, scope["headers"], started, big)
+        body, reuse = parse_and_validate(raw, surface, state.reparser)
+    request = ChatRequest(surface, raw, body, head, scope["headers"], started, big, reuse)
     out = await outgoing(service, state.forwarder, request)
     await relay(out, send, receive)
 

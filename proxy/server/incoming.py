@@ -12,7 +12,7 @@ from starlette.types import Receive, Scope
 
 from proxy.config import Limits
 from proxy.core.errors import BadRequest, BodyTimeout, PayloadTooLarge
-from proxy.core.reparse import Reparser
+from proxy.core.reparse import Reparser, Reuse
 from proxy.core.surfaces import Surface
 from proxy.core.validation import parse_json_object
 
@@ -77,18 +77,18 @@ def _body_timeout(request: Request) -> float:
 
 def parse_and_validate(
     raw: bytes, surface: Surface, reparser: Reparser | None = None
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], Reuse | None]:
     """The body as a JSON object the surface accepts, or ``BadRequest``. With a
     ``reparser``, a body that resends a recent one's history is parsed only past what the
-    two share (``proxy.core.reparse``), and an accepted body is remembered for the next."""
+    two share (``proxy.core.reparse``), and an accepted body is remembered for the next; then
+    also what the engine may take from the earlier one and leave for the next (``Reuse``)."""
     if reparser is not None:
         found = reparser.parse(raw, surface.history_key)
         if found is not None:
             surface.validate(found.body, found.shared)  # the shared ones were, as they are
             reparser.accept(found)
-            return found.body
+            return found.body, found.reuse
     body = parse_json_object(raw)
     surface.validate(body, 0)
-    if reparser is not None:
-        reparser.remember(raw, body, surface.history_key)
-    return body
+    reuse = reparser.remember(raw, body, surface.history_key) if reparser is not None else None
+    return body, reuse
