@@ -13,8 +13,9 @@ repetition runs the request path of ``proxy.server.app._serve`` piece by piece, 
   else whole (``validation.parse_json_object``) and remembered;
 - ``validate``: the surface's schema checks;
 - ``view``: the neutral view, the tenant id and the request controls;
-- ``fingerprint``, ``chain`` (prefix chain and conversation ids), ``count`` (warm token
-  count): ``proxy.core.flow_prepare.identify``'s parts;
+- ``fingerprint`` (the fingerprints and the prefix chain, taken from the resent body's for
+  what the two share: ``reparse.fingerprinted``), ``chain`` (the conversation ids),
+  ``count`` (warm token count): ``proxy.core.flow_prepare.identify``'s parts;
 - ``lookup+decide``: the rest of ``Compactor.prepare`` (store read, substitution, decision,
   stability tracking) - ``prepare`` minus the three parts above, which it runs again (from
   1,000 messages in a worker thread: the hop is in here too);
@@ -78,12 +79,10 @@ from proxy.core.controls import request_controls
 from proxy.core.fingerprint import (
     conversation_id,
     earlier_conversation_id,
-    fingerprints,
-    prefix_chain,
     tenant_id,
 )
 from proxy.core.headers import compaction_headers
-from proxy.core.reparse import Reparser
+from proxy.core.reparse import Reparser, fingerprinted
 from proxy.core.surfaces import OPENAI_CHAT
 from proxy.core.validation import parse_json_object
 from proxy.engine.chat import chat_url
@@ -161,8 +160,9 @@ async def one(
     surface.validate(body, found.shared if found is not None else 0)
     if found is not None:
         REPARSER.accept(found)
+        reuse = found.reuse
     else:
-        REPARSER.remember(raw, body, surface.history_key)
+        reuse = REPARSER.remember(raw, body, surface.history_key)
     t2 = clock()
     tenant = tenant_id(key, None)
     view = surface.to_view(body)
@@ -176,9 +176,8 @@ async def one(
         stateful=surface.stateful(body),
     )
     t3 = clock()
-    fps = fingerprints(view)
+    fps, chain = fingerprinted(tenant, view, reuse)  # (the chain's share is small)
     t4 = clock()
-    chain = prefix_chain(tenant, fps)
     conversation_id(chain, view, None)
     earlier_conversation_id(chain, view, None)
     t5 = clock()
@@ -192,6 +191,7 @@ async def one(
         controls=controls,
         summary_role=surface.summary_role,
         outside_cache_marks=surface.outside_cache_marks(body),
+        reuse=reuse,
     )
     t7 = clock()
     stream = body.get("stream") is True
