@@ -41,15 +41,21 @@ from proxy.core.fingerprint import extend_chain, fingerprints, prefix_chain
 from proxy.core.messages import Message
 from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, WRITABLE_LEVELS
 
-# Bodies are found by their first bytes (where conversations of one client often agree: the
-# model, the system prompt) and then told apart by the bytes before a cut.
+# A body is filed under the bytes just before a probe position (256, 512, 1024, ...): the
+# largest one within what a body extending it must share. A lookup reads the new body at
+# every probe, a few dozen bytes each, and finds the bodies filed there: conversations that
+# agree on their first bytes (the model, a system prompt) are told apart further on.
 ANCHOR_BYTES = 256
+PROBES = tuple(ANCHOR_BYTES << i for i in range(24))
 # Parsing a body below this size costs less than remembering it.
 MIN_BYTES = 8 * 1024
 # The new body may share fewer elements than the remembered one had: clients move their cache
 # marks to the newest messages (Claude Code), so the last one or two differ.
 BACK_CUTS = 4
-_PER_ANCHOR = 16  # bodies kept per anchor (the most recent)
+_PER_KEY = 16  # bodies kept under one probe's bytes (the most recent)
+_COMPARES = 2  # full comparisons a lookup makes at most (bodies alike but for a few bytes)
+_MISSES = 64  # lookups in a row that found nothing, before remembering only ...
+_SAMPLE = 16  # ... one body in this many
 _QUICK = 32  # bytes compared before a cut to rule a body out cheaply
 _TAIL_KEY = "\x00"
 _OPEN = b'{"\\u0000":[0'  # the rest of a body, parsed as if the array had one element
@@ -87,12 +93,16 @@ class Remembered:
 
     name: str
     prefix: bytes
-    cuts: tuple[int, ...]
+    cuts: tuple[int, ...]  # where the last ``BACK_CUTS`` elements end (at most), in order
     head: tuple[tuple[str, Any], ...]
     items: list[Any]
     rest: bytes  # from the array's closing bracket to the end
     after: tuple[tuple[str, Any], ...]  # the members after the array
     prints: Prints = field(default_factory=Prints)
+    quick: tuple[bytes, ...] = ()  # the bytes just before each cut (set by ``_entry``)
+    # Where it is filed: the furthest probe at or before its first cut, and the bytes just
+    # before that probe (any body that extends it has them there).
+    key: tuple[int, bytes] = (0, b"")
 
     @property
     def size(self) -> int:
@@ -128,10 +138,12 @@ class Reparser:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.min_bytes = max(min_bytes, ANCHOR_BYTES + _QUICK)
-        self._by_anchor: dict[bytes, list[Remembered]] = {}
-        self._order: OrderedDict[int, tuple[bytes, Remembered]] = OrderedDict()
+        self._filed: dict[tuple[int, bytes], list[Remembered]] = {}
+        self._order: OrderedDict[int, Remembered] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        self._missed = 0  # lookups in a row that found nothing
+        self._looked = self._sampled = 0
         self.reused = 0  # bodies parsed from a remembered one (for tests and benchmarks)
 
     def parse(self, raw: bytes, name: str) -> Reparsed | None:
@@ -139,12 +151,24 @@ class Reparser:
         if len(raw) < self.min_bytes:
             return None
         with self._lock:
-            bucket = list(self._by_anchor.get(raw[:ANCHOR_BYTES], ()))
-        for entry in bucket:
-            if entry.name == name:
-                found = _extend(entry, raw)
-                if found is not None:
-                    return found
+            if self._missed >= _MISSES:  # (see ``remember``)
+                self._looked = (self._looked + 1) % _SAMPLE
+                if self._looked:
+                    return None
+        compares = [_COMPARES]  # full comparisons this lookup may still make
+        size = len(raw)
+        for probe in reversed(PROBES):  # the furthest first: the most telling, and usually
+            if probe > size:  # where the body it extends is filed
+                continue
+            with self._lock:
+                bucket = list(self._filed.get((probe, raw[probe - _QUICK : probe]), ()))
+            for entry in bucket:
+                if entry.name == name:
+                    found = _extend(entry, raw, compares)
+                    if found is not None:
+                        return found
+        with self._lock:
+            self._missed += 1
         return None
 
     def accept(self, found: Reparsed) -> None:
@@ -152,58 +176,79 @@ class Reparser:
         it extends."""
         with self._lock:
             self.reused += 1
-            anchor = found.entry.prefix[:ANCHOR_BYTES]
-            self._drop(anchor, found.extends)
-            self._add(anchor, found.entry)
+            self._missed = 0
+            self._drop(found.extends)
+            self._add(found.entry)
 
     def remember(self, raw: bytes, body: dict[str, Any], name: str) -> Reuse | None:
         """Keep ``raw`` (parsed whole into ``body``, valid) when it is canonical; then where
-        its prints go (nothing to take: it extends no remembered body)."""
+        its prints go (nothing to take: it extends no remembered body).
+
+        When many lookups in a row found nothing (more conversations than the bounds hold,
+        or a client that rewrites its history), only one body in ``_SAMPLE`` is looked up
+        and one in ``_SAMPLE`` remembered: a lookup and a remembering cost a fifth of a
+        parse together, and nothing comes back then. One found again (``accept``) ends
+        that."""
         if len(raw) < self.min_bytes:
             return None
+        with self._lock:
+            if self._missed >= _MISSES:
+                self._sampled = (self._sampled + 1) % _SAMPLE
+                if self._sampled:
+                    return None
         entry = _canonical(raw, body, name)
         if entry is None:
             return None
         with self._lock:
-            self._add(raw[:ANCHOR_BYTES], entry)
+            self._add(entry)
         return Reuse(_NONE, 0, len(entry.items), entry.prints)
 
-    def _add(self, anchor: bytes, entry: Remembered) -> None:
-        bucket = self._by_anchor.setdefault(anchor, [])
+    def _add(self, entry: Remembered) -> None:
+        bucket = self._filed.setdefault(entry.key, [])
         bucket.insert(0, entry)
-        self._order[id(entry)] = (anchor, entry)
+        self._order[id(entry)] = entry
         self._bytes += entry.size
-        while len(bucket) > _PER_ANCHOR:
-            self._drop(anchor, bucket[-1])
+        while len(bucket) > _PER_KEY:
+            self._drop(bucket[-1])
         while self._order and (len(self._order) > self.max_entries or self._bytes > self.max_bytes):
-            old_anchor, old = next(iter(self._order.values()))
-            self._drop(old_anchor, old)
+            self._drop(next(iter(self._order.values())))
 
-    def _drop(self, anchor: bytes, entry: Remembered) -> None:
+    def _drop(self, entry: Remembered) -> None:
         if self._order.pop(id(entry), None) is None:
             return  # dropped already (by another thread's request of the same conversation)
         self._bytes -= entry.size
-        bucket = self._by_anchor.get(anchor)
+        bucket = self._filed.get(entry.key)
         if bucket is not None:
             bucket[:] = [e for e in bucket if e is not entry]
             if not bucket:
-                del self._by_anchor[anchor]
+                del self._filed[entry.key]
 
     def __len__(self) -> int:
         return len(self._order)
 
 
-def _extend(entry: Remembered, raw: bytes) -> Reparsed | None:
+def _extend(entry: Remembered, raw: bytes, compares: list[int]) -> Reparsed | None:
+    """``raw`` parsed from ``entry`` when it starts with ``entry``'s bytes up to one of its
+    last cuts (the latest such cut). One full comparison at most, up to the earliest cut
+    that looks possible (the bytes just before it agree); the later cuts then compare only
+    the bytes between."""
     cuts = entry.cuts
-    n = len(cuts)
-    for k in range(n, max(n - BACK_CUTS, 0), -1):
-        cut = cuts[k - 1]
-        if cut < ANCHOR_BYTES or cut >= len(raw):
-            continue
-        if raw[cut - _QUICK : cut] != entry.prefix[cut - _QUICK : cut]:
-            continue
-        same = raw.startswith(entry.prefix) if k == n else raw.startswith(entry.prefix[:cut])
-        if same:
+    first = len(entry.items) - len(cuts) + 1  # the elements before ``cuts[0]``
+    size = len(raw)
+    possible = [
+        (first + i, cut)
+        for i, (cut, before) in enumerate(zip(cuts, entry.quick, strict=True))
+        if cut < size and raw.startswith(before, cut - _QUICK)
+    ]
+    if not possible or compares[0] <= 0:
+        return None
+    compares[0] -= 1
+    low = possible[0][1]
+    prefix = entry.prefix
+    if not raw.startswith(prefix if low == len(prefix) else prefix[:low]):
+        return None
+    for k, cut in reversed(possible):
+        if cut == low or raw[low:cut] == prefix[low:cut]:
             return _with_rest(entry, k, raw, cut)
     return None
 
@@ -272,14 +317,14 @@ def _reparsed(
     body = dict(entry.head)
     body[entry.name] = items
     body.update(after)
-    cuts = list(entry.cuts[:k])
+    first = len(entry.items) - len(entry.cuts) + 1
+    cuts = list(entry.cuts[: k - first + 1])
     at = cut + 1
     for item in added:
         at += len(orjson.dumps(item))
         cuts.append(at)
         at += 1
-    last = cuts[-1]
-    new = Remembered(entry.name, raw[:last], tuple(cuts), entry.head, items, raw[last:], after)
+    new = _entry(entry.name, raw, cuts[-BACK_CUTS:], entry.head, items, after)
     return Reparsed(body, k, new, entry)
 
 
@@ -301,19 +346,50 @@ def _canonical(raw: bytes, body: dict[str, Any], name: str) -> Remembered | None
         at = len(start) + 2
         if raw[:at] != start + b":[" or raw[at : at + len(first)] != first:
             return None
-        if orjson.dumps(body) != raw:
+        # The body as orjson writes it, in two parts: up to the array's closing bracket,
+        # and the members after it (so where the array ends is known without a third write).
+        front = orjson.dumps({**dict(head), name: items})
+        last = len(front) - 2  # the array's ']'
+        if not raw.startswith(front[:-1]):
+            return None
+        if after:
+            back = orjson.dumps(dict(after))
+            if len(raw) != last + len(back) + 1 or raw[last + 1 : last + 2] != b",":
+                return None
+            if not raw.endswith(back[1:]):
+                return None
+        elif len(raw) != len(front):
             return None
     except orjson.JSONEncodeError:
         return None
-    cuts = []
-    for item in items:
-        at += len(orjson.dumps(item))
-        cuts.append(at)
-        at += 1
+    cuts = [last]
+    for item in reversed(
+        items[len(items) - BACK_CUTS + 1 :] if len(items) >= BACK_CUTS else items[1:]
+    ):
+        cuts.append(cuts[-1] - len(orjson.dumps(item)) - 1)
+    cuts.reverse()
+    if cuts[-1] < ANCHOR_BYTES:
+        return None  # the history ends before the first probe: nothing to file it under
+    return _entry(name, raw, cuts, tuple(head), items, tuple(after))
+
+
+def _entry(
+    name: str,
+    raw: bytes,
+    cuts: list[int],
+    head: tuple[tuple[str, Any], ...],
+    items: list[Any],
+    after: tuple[tuple[str, Any], ...],
+) -> Remembered:
+    """``raw`` remembered: its bytes up to its last cut and after, and ``_QUICK`` bytes before
+    each cut (a lookup rules a body out with them without copying anything)."""
+    cuts = [cut for cut in cuts if cut >= ANCHOR_BYTES]  # (at or after the first probe)
     last = cuts[-1]
-    if raw[last : last + 1] != b"]":
-        return None  # (cannot happen for a canonical body; kept as the invariant's check)
-    return Remembered(name, raw[:last], tuple(cuts), tuple(head), items, raw[last:], tuple(after))
+    quick = tuple(raw[cut - _QUICK : cut] for cut in cuts)
+    probe = 1 << (cuts[0].bit_length() - 1)  # (PROBES are the powers of two from 256)
+    key = (probe, raw[probe - _QUICK : probe])
+    prefix, rest = raw[:last], raw[last:]
+    return Remembered(name, prefix, tuple(cuts), head, items, rest, after, quick=quick, key=key)
 
 
 _NONE = Prints()  # (never filled: ``fingerprinted`` fills ``Reuse.mine`` only)
