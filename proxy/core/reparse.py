@@ -53,9 +53,9 @@ MIN_BYTES = 8 * 1024
 # marks to the newest messages (Claude Code), so the last one or two differ.
 BACK_CUTS = 4
 _PER_KEY = 16  # bodies kept under one probe's bytes (the most recent)
-_COMPARES = 2  # full comparisons a lookup makes at most (bodies alike but for a few bytes)
+_COMPARES = 1  # full comparisons a lookup makes at most (bodies alike but for a few bytes)
 _MISSES = 64  # lookups in a row that found nothing, before remembering only ...
-_SAMPLE = 16  # ... one body in this many
+_SAMPLE = 32  # ... one body in this many
 _QUICK = 32  # bytes compared before a cut to rule a body out cheaply
 _TAIL_KEY = "\x00"
 _OPEN = b'{"\\u0000":[0'  # the rest of a body, parsed as if the array had one element
@@ -143,18 +143,13 @@ class Reparser:
         self._bytes = 0
         self._lock = threading.Lock()
         self._missed = 0  # lookups in a row that found nothing
-        self._looked = self._sampled = 0
+        self._sampled = 0
         self.reused = 0  # bodies parsed from a remembered one (for tests and benchmarks)
 
     def parse(self, raw: bytes, name: str) -> Reparsed | None:
         """``raw``'s value from a remembered body it extends, or None (parse it whole)."""
         if len(raw) < self.min_bytes:
             return None
-        with self._lock:
-            if self._missed >= _MISSES:  # (see ``remember``)
-                self._looked = (self._looked + 1) % _SAMPLE
-                if self._looked:
-                    return None
         compares = [_COMPARES]  # full comparisons this lookup may still make
         size = len(raw)
         for probe in reversed(PROBES):  # the furthest first: the most telling, and usually
@@ -167,6 +162,10 @@ class Reparser:
                     found = _extend(entry, raw, compares)
                     if found is not None:
                         return found
+                    if compares[0] <= 0:
+                        break  # (bodies alike but for a few bytes: no more full compares)
+            if compares[0] <= 0:
+                break
         with self._lock:
             self._missed += 1
         return None
@@ -185,10 +184,10 @@ class Reparser:
         its prints go (nothing to take: it extends no remembered body).
 
         When many lookups in a row found nothing (more conversations than the bounds hold,
-        or a client that rewrites its history), only one body in ``_SAMPLE`` is looked up
-        and one in ``_SAMPLE`` remembered: a lookup and a remembering cost a fifth of a
-        parse together, and nothing comes back then. One found again (``accept``) ends
-        that."""
+        or a client that rewrites its history), only one body in ``_SAMPLE`` is remembered:
+        remembering costs up to a sixth of a parse, and nothing comes back then. The next
+        request of a conversation so remembered is found (lookups go on: a few us), which
+        ends that (``accept``)."""
         if len(raw) < self.min_bytes:
             return None
         with self._lock:
