@@ -26,7 +26,7 @@ import uvicorn
 
 from proxy.config import parse_config
 from proxy.core.fingerprint import fingerprints, prefix_chain
-from proxy.core.reparse import ANCHOR_BYTES, Prints, Reparser, Reuse, fingerprinted
+from proxy.core.reparse import FIRST_PROBE, Prints, Reparser, Reuse, fingerprinted
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
 from proxy.core.validation import SLICED_BYTES
 from proxy.server.app import create_app
@@ -322,7 +322,7 @@ def test_small_bodies_are_not_remembered_and_the_bounds_hold() -> None:
     for n in range(40):
         body = _body(6)
         body["messages"][-1]["content"] = f"conversation {n} " + FILLER
-        assert orjson.dumps(body)[:ANCHOR_BYTES] == orjson.dumps(_body(6))[:ANCHOR_BYTES]
+        assert orjson.dumps(body)[:FIRST_PROBE] == orjson.dumps(_body(6))[:FIRST_PROBE]
         rp.remember(orjson.dumps(body), body, "messages")
     assert len(rp) <= 16
 

@@ -19,6 +19,10 @@ a remembered one when their bytes say it may:
 - That rest must be canonical too (written back by ``orjson``, byte for byte: no member
   repeated, none of the members before the array and not the array's name again), and within
   the depth ``parse_json_object`` allows; anything else parses the whole body as before.
+  When the members after the array are the remembered ones byte for byte (the tools), only
+  the new elements between are parsed.
+- The engine takes the shared elements' fingerprints and prefix chain from the earlier
+  request's (``fingerprinted``), and the surface does not validate them again.
 
 The value is the one ``orjson.loads`` gives (``tests/test_reparse.py`` checks it against
 every recorded agent run); the elements before the cut are the remembered objects themselves,
@@ -45,8 +49,8 @@ from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, WRITABLE_LEVELS
 # largest one within what a body extending it must share. A lookup reads the new body at
 # every probe, a few dozen bytes each, and finds the bodies filed there: conversations that
 # agree on their first bytes (the model, a system prompt) are told apart further on.
-ANCHOR_BYTES = 256
-PROBES = tuple(ANCHOR_BYTES << i for i in range(24))
+FIRST_PROBE = 256
+PROBES = tuple(FIRST_PROBE << i for i in range(24))
 # Parsing a body below this size costs less than remembering it.
 MIN_BYTES = 8 * 1024
 # The new body may share fewer elements than the remembered one had: clients move their cache
@@ -137,7 +141,7 @@ class Reparser:
     ) -> None:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
-        self.min_bytes = max(min_bytes, ANCHOR_BYTES + _QUICK)
+        self.min_bytes = max(min_bytes, FIRST_PROBE + _QUICK)
         self._filed: dict[tuple[int, bytes], list[Remembered]] = {}
         self._order: OrderedDict[int, Remembered] = OrderedDict()
         self._bytes = 0
@@ -367,7 +371,7 @@ def _canonical(raw: bytes, body: dict[str, Any], name: str) -> Remembered | None
     ):
         cuts.append(cuts[-1] - len(orjson.dumps(item)) - 1)
     cuts.reverse()
-    if cuts[-1] < ANCHOR_BYTES:
+    if cuts[-1] < FIRST_PROBE:
         return None  # the history ends before the first probe: nothing to file it under
     return _entry(name, raw, cuts, tuple(head), items, tuple(after))
 
@@ -382,7 +386,7 @@ def _entry(
 ) -> Remembered:
     """``raw`` remembered: its bytes up to its last cut and after, and ``_QUICK`` bytes before
     each cut (a lookup rules a body out with them without copying anything)."""
-    cuts = [cut for cut in cuts if cut >= ANCHOR_BYTES]  # (at or after the first probe)
+    cuts = [cut for cut in cuts if cut >= FIRST_PROBE]  # (at or after the first probe)
     last = cuts[-1]
     quick = tuple(raw[cut - _QUICK : cut] for cut in cuts)
     probe = 1 << (cuts[0].bit_length() - 1)  # (PROBES are the powers of two from 256)
