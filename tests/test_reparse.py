@@ -308,14 +308,19 @@ def test_small_bodies_are_not_remembered_and_the_bounds_hold() -> None:
         rp.remember(orjson.dumps(body), body, "messages")
     assert len(rp) == 3
 
-    body = _body(8)
-    size = len(orjson.dumps(body))
-    rp = Reparser(min_bytes=0, max_bytes=size * 2)
+    bodies = []
     for n in range(5):
         body = _body(8)
         body["messages"][0]["content"] = f"conversation {n} " + FILLER
+        bodies.append(body)
+    size = len(orjson.dumps(bodies[0]))
+    rp = Reparser(min_bytes=0, max_bytes=size * 2 - 1)  # a body over half of it: not kept
+    rp.remember(orjson.dumps(bodies[0]), bodies[0], "messages")
+    assert len(rp) == 0
+    rp = Reparser(min_bytes=0, max_bytes=size * 2)
+    for body in bodies:
         rp.remember(orjson.dumps(body), body, "messages")
-    assert 1 <= len(rp) <= 2
+    assert len(rp) == 2
 
     # Many conversations that agree on their first bytes: the newest are kept for them.
     rp = Reparser(min_bytes=0)

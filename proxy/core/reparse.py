@@ -192,8 +192,8 @@ class Reparser:
         remembering costs up to a sixth of a parse, and nothing comes back then. The next
         request of a conversation so remembered is found (lookups go on: a few us), which
         ends that (``accept``)."""
-        if len(raw) < self.min_bytes:
-            return None
+        if len(raw) < self.min_bytes or len(raw) > self.max_bytes // 2:
+            return None  # (one that big would leave at once, or push out all the others)
         with self._lock:
             if self._missed >= _MISSES:
                 self._sampled = (self._sampled + 1) % _SAMPLE
