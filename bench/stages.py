@@ -14,7 +14,7 @@ repetition runs the request path of ``proxy.server.app._serve`` piece by piece, 
 - ``validate``: the surface's schema checks;
 - ``view``: the neutral view, the tenant id and the request controls;
 - ``fingerprint`` (the fingerprints and the prefix chain, taken from the resent body's for
-  what the two share: ``reparse.fingerprinted``), ``chain`` (the conversation ids),
+  what the two share: ``reprint.fingerprinted``), ``chain`` (the conversation ids),
   ``count`` (warm token count): ``proxy.core.flow_prepare.identify``'s parts;
 - ``lookup+decide``: the rest of ``Compactor.prepare`` (store read, substitution, decision,
   stability tracking) - ``prepare`` minus the three parts above, which it runs again (from
@@ -82,7 +82,8 @@ from proxy.core.fingerprint import (
     tenant_id,
 )
 from proxy.core.headers import compaction_headers
-from proxy.core.reparse import Reparser, fingerprinted
+from proxy.core.reparse import Reparser
+from proxy.core.reprint import fingerprinted
 from proxy.core.surfaces import OPENAI_CHAT
 from proxy.core.validation import parse_json_object
 from proxy.engine.chat import chat_url

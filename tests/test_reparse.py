@@ -26,7 +26,8 @@ import uvicorn
 
 from proxy.config import parse_config
 from proxy.core.fingerprint import fingerprints, prefix_chain
-from proxy.core.reparse import FIRST_PROBE, Prints, Reparser, Reuse, fingerprinted
+from proxy.core.reparse import FIRST_PROBE, Reparser
+from proxy.core.reprint import Prints, Reuse, fingerprinted
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
 from proxy.core.validation import SLICED_BYTES
 from proxy.server.app import create_app

@@ -26,7 +26,7 @@ from proxy.core.messages import Message
 from proxy.core.modelmap import context_window, provider_family
 from proxy.core.prepared import Env, Outcome, Prepared
 from proxy.core.records import CompactionRecord, conv_key
-from proxy.core.reparse import Reuse, fingerprinted
+from proxy.core.reprint import Reuse, fingerprinted
 from proxy.core.stability import StabilityState
 from proxy.core.view import reviewed, view
 
@@ -58,7 +58,7 @@ class Request:
     # When the request arrived (the driver's clock, as data): the cost policy compares it
     # with the conversation's last request and the provider's cache TTL.
     now: float | None = None
-    # What the body it resends left: the shared messages' fingerprints (``reparse``).
+    # What the body it resends left: the shared messages' fingerprints (``reprint``).
     reuse: Reuse | None = None
 
 

@@ -22,7 +22,7 @@ a remembered one when their bytes say it may:
   When the members after the array are the remembered ones byte for byte (the tools), only
   the new elements between are parsed.
 - The engine takes the shared elements' fingerprints and prefix chain from the earlier
-  request's (``fingerprinted``), and the surface does not validate them again.
+  request's (``proxy.core.reprint``), and the surface does not validate them again.
 
 The value is the one ``orjson.loads`` gives (``tests/test_reparse.py`` checks it against
 every recorded agent run); the elements before the cut are the remembered objects themselves,
@@ -41,8 +41,7 @@ from typing import Any
 
 import orjson
 
-from proxy.core.fingerprint import extend_chain, fingerprints, prefix_chain
-from proxy.core.messages import Message
+from proxy.core.reprint import NOTHING_YET, Prints, Reuse
 from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, WRITABLE_LEVELS
 
 # A body is filed under the bytes just before a probe position (256, 512, 1024, ...): the
@@ -63,31 +62,6 @@ _SAMPLE = 32  # ... one body in this many
 _QUICK = 32  # bytes compared before a cut to rule a body out cheaply
 _TAIL_KEY = "\x00"
 _OPEN = b'{"\\u0000":[0'  # the rest of a body, parsed as if the array had one element
-
-
-@dataclass
-class Prints:
-    """What the engine computed from a remembered body's view, for the next body to take
-    (filled once, by ``fingerprinted``): the tenant, how many view messages come before the
-    history's first element (a system prompt, instructions), each view message's
-    fingerprint and the prefix chain. Empty (``offset`` -1) until then."""
-
-    tenant: str = ""
-    offset: int = -1
-    fps: list[bytes] = field(default_factory=list)
-    chain: list[bytes] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Reuse:
-    """What a request may take from the body it resends: ``earlier``'s prints of its first
-    ``shared`` history elements (the same values: compared byte for byte); ``elements``: this
-    body's history length; ``mine``: where this body's prints go for the next one."""
-
-    earlier: Prints
-    shared: int
-    elements: int
-    mine: Prints
 
 
 @dataclass(frozen=True)
@@ -204,7 +178,7 @@ class Reparser:
             return None
         with self._lock:
             self._add(entry)
-        return Reuse(_NONE, 0, len(entry.items), entry.prints)
+        return Reuse(NOTHING_YET, 0, len(entry.items), entry.prints)
 
     def _add(self, entry: Remembered) -> None:
         bucket = self._filed.setdefault(entry.key, [])
@@ -393,43 +367,3 @@ def _entry(
     key = (probe, raw[probe - _QUICK : probe])
     prefix, rest = raw[:last], raw[last:]
     return Remembered(name, prefix, tuple(cuts), head, items, rest, after, quick=quick, key=key)
-
-
-_NONE = Prints()  # (never filled: ``fingerprinted`` fills ``Reuse.mine`` only)
-
-
-def fingerprinted(
-    tenant: str, messages: list[Message], reuse: Reuse | None
-) -> tuple[list[bytes], list[bytes]]:
-    """The view's fingerprints and prefix chain (``fingerprint.fingerprints``,
-    ``prefix_chain``), taking the earlier body's for the history elements the two share.
-
-    A surface's view is the messages before the history (``offset`` of them, computed afresh)
-    and then one message per history element, made from that element alone: the shared
-    elements, equal values, have the earlier view's fingerprints. The chain up to them is the
-    earlier one when the tenant and the messages before are the same. What it computes is
-    left in ``reuse.mine`` (copies: the caller's lists are its own)."""
-    if reuse is None:
-        fps = fingerprints(messages)
-        return fps, prefix_chain(tenant, fps)
-    offset = len(messages) - reuse.elements
-    earlier, shared = reuse.earlier, reuse.shared
-    if offset < 0:  # (a view not made one message per element: nothing taken, nothing left)
-        fps = fingerprints(messages)
-        return fps, prefix_chain(tenant, fps)
-    fps = fingerprints(messages[:offset])
-    same_head = earlier.offset == offset and earlier.fps[:offset] == fps
-    taken = earlier.fps[earlier.offset : earlier.offset + shared] if earlier.offset >= 0 else []
-    if len(taken) == shared:
-        fps += taken
-        fps += fingerprints(messages[offset + shared :])
-    else:
-        fps += fingerprints(messages[offset:])
-        shared = 0
-    if same_head and earlier.tenant == tenant and len(earlier.chain) > offset + shared:
-        chain = extend_chain(earlier.chain[: offset + shared + 1], fps[offset + shared :])
-    else:
-        chain = prefix_chain(tenant, fps)
-    mine = reuse.mine
-    mine.tenant, mine.offset, mine.fps, mine.chain = tenant, offset, list(fps), list(chain)
-    return fps, chain

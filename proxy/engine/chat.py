@@ -23,7 +23,7 @@ from proxy.adapters.forward import Forwarder, set_pair, upstream_pairs, upstream
 from proxy.adapters.upstreamcall import UpstreamRequest
 from proxy.core.fingerprint import tenant_id
 from proxy.core.headers import compaction_headers
-from proxy.core.reparse import Reuse
+from proxy.core.reprint import Reuse
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, Surface
 from proxy.core.tokens import TokenCounter
 from proxy.engine.incoming import Incoming

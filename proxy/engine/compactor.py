@@ -38,7 +38,7 @@ from proxy.core.errors import CompactionFailed, StoreError
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, Prompts, nothing
 from proxy.core.records import MAX_CHECKPOINTS, conv_key
-from proxy.core.reparse import Reuse
+from proxy.core.reprint import Reuse
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
 from proxy.engine.stepping import Done, advance

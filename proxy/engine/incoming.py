@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from proxy.core.messages import Message
-from proxy.core.reparse import Reuse
+from proxy.core.reprint import Reuse
 
 
 @dataclass(frozen=True)

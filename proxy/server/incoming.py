@@ -12,7 +12,8 @@ from starlette.types import Receive, Scope
 
 from proxy.config import Limits
 from proxy.core.errors import BadRequest, BodyTimeout, PayloadTooLarge
-from proxy.core.reparse import Reparser, Reuse
+from proxy.core.reparse import Reparser
+from proxy.core.reprint import Reuse
 from proxy.core.surfaces import Surface
 from proxy.core.validation import parse_json_object
 

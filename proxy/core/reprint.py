@@ -1,0 +1,82 @@
+"""The fingerprints a request takes from the body it resends (#28, ``proxy.core.reparse``).
+
+A body parsed from a remembered one shares its first history elements with it, value for
+value (compared byte for byte). The view a surface makes of a body is the messages before the
+history (a system prompt, instructions) and then one message per element, made from that
+element alone; so the shared elements' fingerprints are the earlier request's, and so is the
+prefix chain up to them when the tenant and the messages before are the same. ``Prints``
+holds what the engine computed for one body, ``Reuse`` what one request may take and where
+it leaves its own. Pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from proxy.core.fingerprint import extend_chain, fingerprints, prefix_chain
+from proxy.core.messages import Message
+
+
+@dataclass
+class Prints:
+    """What the engine computed from a remembered body's view, for the next body to take
+    (filled once, by ``fingerprinted``): the tenant, how many view messages come before the
+    history's first element (a system prompt, instructions), each view message's
+    fingerprint and the prefix chain. Empty (``offset`` -1) until then."""
+
+    tenant: str = ""
+    offset: int = -1
+    fps: list[bytes] = field(default_factory=list)
+    chain: list[bytes] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a request may take from the body it resends: ``earlier``'s prints of its first
+    ``shared`` history elements (the same values: compared byte for byte); ``elements``: this
+    body's history length; ``mine``: where this body's prints go for the next one."""
+
+    earlier: Prints
+    shared: int
+    elements: int
+    mine: Prints
+
+
+NOTHING_YET = Prints()  # (never filled: ``fingerprinted`` fills ``Reuse.mine`` only)
+
+
+def fingerprinted(
+    tenant: str, messages: list[Message], reuse: Reuse | None
+) -> tuple[list[bytes], list[bytes]]:
+    """The view's fingerprints and prefix chain (``fingerprint.fingerprints``,
+    ``prefix_chain``), taking the earlier body's for the history elements the two share.
+
+    A surface's view is the messages before the history (``offset`` of them, computed afresh)
+    and then one message per history element, made from that element alone: the shared
+    elements, equal values, have the earlier view's fingerprints. The chain up to them is the
+    earlier one when the tenant and the messages before are the same. What it computes is
+    left in ``reuse.mine`` (copies: the caller's lists are its own)."""
+    if reuse is None:
+        fps = fingerprints(messages)
+        return fps, prefix_chain(tenant, fps)
+    offset = len(messages) - reuse.elements
+    earlier, shared = reuse.earlier, reuse.shared
+    if offset < 0:  # (a view not made one message per element: nothing taken, nothing left)
+        fps = fingerprints(messages)
+        return fps, prefix_chain(tenant, fps)
+    fps = fingerprints(messages[:offset])
+    same_head = earlier.offset == offset and earlier.fps[:offset] == fps
+    taken = earlier.fps[earlier.offset : earlier.offset + shared] if earlier.offset >= 0 else []
+    if len(taken) == shared:
+        fps += taken
+        fps += fingerprints(messages[offset + shared :])
+    else:
+        fps += fingerprints(messages[offset:])
+        shared = 0
+    if same_head and earlier.tenant == tenant and len(earlier.chain) > offset + shared:
+        chain = extend_chain(earlier.chain[: offset + shared + 1], fps[offset + shared :])
+    else:
+        chain = prefix_chain(tenant, fps)
+    mine = reuse.mine
+    mine.tenant, mine.offset, mine.fps, mine.chain = tenant, offset, list(fps), list(chain)
+    return fps, chain
