@@ -42,7 +42,7 @@ from typing import Any
 import orjson
 
 from proxy.core.reprint import NOTHING_YET, Prints, Reuse
-from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, WRITABLE_LEVELS
+from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, WRITABLE_LEVELS, written_within
 
 # A body is filed under the bytes just before a probe position (256, 512, 1024, ...): the
 # largest one within what a body extending it must share. A lookup reads the new body at
@@ -262,7 +262,7 @@ def _with_rest(entry: Remembered, k: int, raw: bytes, cut: int) -> Reparsed | No
 def _canonical_value(text: bytes, nested: int = 0) -> Any:
     """``text``'s value when orjson writes it back byte for byte and, ``nested`` levels
     deeper in the body, it lies within the proxy's depth (one write of it inside as many
-    arrays as ``validation.within_depth`` needs), else None: parsed whole, the body gets the
+    arrays: ``validation.written_within``), else None: parsed whole, the body gets the
     verdict a whole parse gives."""
     if len(text) >= SLICED_BYTES:
         return None
@@ -270,15 +270,13 @@ def _canonical_value(text: bytes, nested: int = 0) -> Any:
         value = orjson.loads(text)
     except orjson.JSONDecodeError:
         return None
-    levels = WRITABLE_LEVELS - MAX_DEPTH + nested
-    wrapped = value
-    for _ in range(levels):
-        wrapped = [wrapped]
-    try:
-        if orjson.dumps(wrapped) != b"[" * levels + text + b"]" * levels:
-            return None  # a member repeated, or not written as orjson writes it
-    except orjson.JSONEncodeError:
+    limit = MAX_DEPTH - nested
+    written = written_within(value, limit)
+    if written is None:
         return None  # deeper than the proxy allows, or a value orjson cannot write
+    levels = WRITABLE_LEVELS - limit
+    if written != b"[" * levels + text + b"]" * levels:
+        return None  # a member repeated, or not written as orjson writes it
     return value
 
 

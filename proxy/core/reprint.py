@@ -56,14 +56,12 @@ def fingerprinted(
     elements, equal values, have the earlier view's fingerprints. The chain up to them is the
     earlier one when the tenant and the messages before are the same. What it computes is
     left in ``reuse.mine`` (copies: the caller's lists are its own)."""
-    if reuse is None:
+    # (offset < 0: a view not made one message per element: nothing taken, nothing left)
+    offset = len(messages) - reuse.elements if reuse is not None else -1
+    if reuse is None or offset < 0:
         fps = fingerprints(messages)
         return fps, prefix_chain(tenant, fps)
-    offset = len(messages) - reuse.elements
     earlier, shared = reuse.earlier, reuse.shared
-    if offset < 0:  # (a view not made one message per element: nothing taken, nothing left)
-        fps = fingerprints(messages)
-        return fps, prefix_chain(tenant, fps)
     fps = fingerprints(messages[:offset])
     same_head = earlier.offset == offset and earlier.fps[:offset] == fps
     taken = earlier.fps[earlier.offset : earlier.offset + shared] if earlier.offset >= 0 else []

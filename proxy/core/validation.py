@@ -45,16 +45,21 @@ def within_depth(value: Any, limit: int) -> bool:
     arrays is written exactly when it is within ``limit``, in one C call (a Python walk over
     every value of a big history cost as much as parsing it). When orjson refuses, for its
     depth or for a value it cannot write (an integer past 64 bits), the walk decides."""
-    if 0 < limit <= WRITABLE_LEVELS:
-        wrapped = value
-        for _ in range(WRITABLE_LEVELS - limit):
-            wrapped = [wrapped]
-        try:
-            orjson.dumps(wrapped)
-            return True
-        except orjson.JSONEncodeError:
-            pass
+    if 0 < limit <= WRITABLE_LEVELS and written_within(value, limit) is not None:
+        return True
     return _walk_within(value, limit)
+
+
+def written_within(value: Any, limit: int) -> bytes | None:
+    """What orjson writes for ``value`` inside ``WRITABLE_LEVELS - limit`` arrays, or None
+    when it refuses: too deep for ``limit`` (or a value it cannot write at all)."""
+    wrapped = value
+    for _ in range(WRITABLE_LEVELS - limit):
+        wrapped = [wrapped]
+    try:
+        return orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:
+        return None
 
 
 def _walk_within(value: Any, limit: int) -> bool:
