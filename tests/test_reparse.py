@@ -9,6 +9,7 @@ receives is what the client sent, and the next requests were parsed from the rem
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
@@ -27,10 +28,10 @@ import uvicorn
 from proxy.config import parse_config
 from proxy.core.fingerprint import fingerprints, prefix_chain
 from proxy.core.reparse import FIRST_PROBE, Reparser
-from proxy.core.reprint import Prints, Reuse, fingerprinted
+from proxy.core.reprint import FRESH_ON_LOOP_BYTES, NOTHING_YET, Prints, Reuse, fingerprinted
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
 from proxy.core.validation import SLICED_BYTES
-from proxy.server.app import create_app
+from proxy.server.app import OFFLOAD_BYTES, create_app
 from proxy.server.incoming import parse_and_validate
 from proxy.server.onewrite import OneWriteHttpToolsProtocol
 from tests.replay import shapes
@@ -103,7 +104,7 @@ def test_prints_not_yet_left_or_another_head_are_computed_afresh() -> None:
     assert found.reuse.mine.fps == fps and found.reuse.mine.chain == chain
     # The earlier view had a message before the history (a system prompt) this one has not.
     earlier = Prints("t", 1, [b"s" * 16, *fps], prefix_chain("t", [b"s" * 16, *fps]))
-    reuse = Reuse(earlier, len(view) - 1, len(view), Prints())
+    reuse = Reuse(earlier, len(view) - 1, len(view), Prints(), 100)
     fps2, chain2 = fingerprinted("t", view, reuse)
     assert fps2 == fingerprints(view) and chain2 == prefix_chain("t", fps2)
 
@@ -295,6 +296,37 @@ def test_a_huge_new_part_is_parsed_whole() -> None:
     assert rp.parse(orjson.dumps(big), "messages") is None
 
 
+def test_a_new_part_over_max_fresh_is_left_to_the_caller_and_is_no_miss() -> None:
+    tools = [{"type": "function", "function": {"name": "Read", "description": FILLER}}]
+    rp, body = _remembered(tools=tools)
+    added = {"role": "user", "content": "a new turn " + FILLER}
+    longer = {**body, "messages": [*body["messages"], added]}
+    raw = orjson.dumps(longer)
+    new_part = len(b"," + orjson.dumps(added))
+    missed = rp._missed
+    assert rp.parse(raw, "messages", max_fresh=new_part - 1) is None
+    assert rp._missed == missed  # (not a miss: the caller parses it elsewhere)
+    found = rp.parse(raw, "messages", max_fresh=new_part)
+    assert found is not None and found.body == longer
+    # Only the new element was parsed: the tools after it are the remembered ones.
+    assert found.fresh == new_part and found.reuse.fresh_bytes == new_part
+    # Tools changed too: the whole rest is parsed, and counted.
+    other = {**longer, "tools": [{"type": "function", "function": {"name": "Edit"}}]}
+    raw = orjson.dumps(other)
+    rest = len(raw) - len(orjson.dumps({**body, "tools": []}).split(b'],"tools"')[0])
+    found = rp.parse(raw, "messages")
+    assert found is not None and found.body == other and found.fresh == rest
+    assert rp.parse(raw, "messages", max_fresh=rest - 1) is None
+
+
+def test_identifying_on_the_loop_takes_a_small_new_part_and_the_earlier_prints() -> None:
+    filled = Prints("t", 1, [b"x"] * 3, [b"c"] * 4)
+    assert Reuse(filled, 2, 3, Prints(), 1000).light
+    assert not Reuse(filled, 2, 3, Prints(), FRESH_ON_LOOP_BYTES).light  # a big new part
+    assert not Reuse(Prints(), 2, 3, Prints(), 1000).light  # the earlier prints not made
+    assert not Reuse(NOTHING_YET, 0, 3, Prints(), 1000).light  # extends nothing
+
+
 def test_small_bodies_are_not_remembered_and_the_bounds_hold() -> None:
     small = _body(1)
     raw = orjson.dumps(small)
@@ -419,6 +451,49 @@ def test_through_the_proxy_the_upstream_gets_what_the_client_sent(
     assert answer.status_code == 400
     assert "not valid JSON" in answer.json()["error"]["message"]
     assert reparser.reused == 5
+
+
+def test_a_big_body_with_a_small_new_part_is_handled_on_the_loop(
+    served: tuple[_Served, ScriptedUpstream], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body over ``OFFLOAD_BYTES`` goes to a worker thread for its parse and its
+    fingerprints and counts, unless it resends a recent one with a small new part: a thread's
+    round trip costs more than that part's work. What the upstream gets is unchanged."""
+    proxy, up = served
+    offloaded: list[str] = []
+    to_thread = asyncio.to_thread
+
+    async def counted(fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        work = getattr(fn, "__self__", None)  # a ``Compute`` command's ``run``
+        offloaded.append(getattr(getattr(work, "fn", fn), "__name__", "?"))
+        return await to_thread(fn, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    client = openai.OpenAI(
+        api_key="sk-reparse-big", base_url=f"http://127.0.0.1:{proxy.port}/v1", max_retries=0
+    )
+    messages: list[dict[str, Any]] = _body(300)["messages"]
+    assert len(orjson.dumps({"model": "gpt-4o", "messages": messages})) > OFFLOAD_BYTES
+    seen = []
+    for turn in range(3):
+        messages.append({"role": "user", "content": f"question {turn}"})
+        reply = client.chat.completions.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+        seen.append(list(offloaded))
+        offloaded.clear()
+    # The first: parsed and identified in worker threads; the next two: neither.
+    assert {"parse_and_validate", "identify"} <= set(seen[0])
+    assert not {"parse_and_validate", "identify"} & {*seen[1], *seen[2]}
+    assert proxy.app.state.reparser.reused == 2
+    sent = [r.body for r in up.chat_requests()]
+    assert orjson.loads(sent[-1])["messages"] == messages[:-1]
+
+    # A new part over the bound: in a thread again (and still parsed from the last one).
+    messages.append({"role": "user", "content": "y" * OFFLOAD_BYTES})
+    client.chat.completions.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
+    assert {"parse_and_validate", "identify"} <= set(offloaded)
+    assert proxy.app.state.reparser.reused == 3
+    assert orjson.loads(up.chat_requests()[-1].body)["messages"] == messages
 
 
 @pytest.mark.parametrize("surface", [ANTHROPIC_MESSAGES, OPENAI_RESPONSES])

@@ -50,7 +50,8 @@ class Request:
     summary_role: str | None = None
     llm_model: str | None = None
     controls: Controls = field(default_factory=Controls)
-    # Hash, count and substitute off the event loop (a huge history: ``Compute`` commands).
+    # Hash, count and substitute off the event loop (a huge history: ``Compute`` commands);
+    # identify on it all the same when ``reuse`` is light (the new part is small).
     offload: bool = False
     outside_cache_marks: int = 0  # the client's cache marks outside ``messages``
     summary_joins: bool = False  # the summary is forwarded inside the next user turn
@@ -137,7 +138,7 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
     s = env.settings
     controls = req.controls
     bypass = controls.skip is not None
-    if req.offload:
+    if req.offload and not (req.reuse is not None and req.reuse.light):
         ident = yield Compute(identify, (env, messages, req))
     else:
         ident = identify(env, messages, req)

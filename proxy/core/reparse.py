@@ -97,10 +97,12 @@ class Reparsed:
     shared: int
     entry: Remembered
     extends: Remembered
+    fresh: int  # the bytes parsed (the new elements, and the members after them if changed)
 
     @property
     def reuse(self) -> Reuse:
-        return Reuse(self.extends.prints, self.shared, len(self.entry.items), self.entry.prints)
+        items, prints = len(self.entry.items), self.entry.prints
+        return Reuse(self.extends.prints, self.shared, items, prints, self.fresh)
 
 
 class Reparser:
@@ -124,8 +126,10 @@ class Reparser:
         self._sampled = 0
         self.reused = 0  # bodies parsed from a remembered one (for tests and benchmarks)
 
-    def parse(self, raw: bytes, name: str) -> Reparsed | None:
-        """``raw``'s value from a remembered body it extends, or None (parse it whole)."""
+    def parse(self, raw: bytes, name: str, max_fresh: int | None = None) -> Reparsed | None:
+        """``raw``'s value from a remembered body it extends, or None (parse it whole).
+        ``max_fresh``: None as well when more than that many bytes would be parsed (the
+        caller parses it elsewhere, where this is done again: it is not a miss)."""
         if len(raw) < self.min_bytes:
             return None
         compares = [_COMPARES]  # full comparisons this lookup may still make
@@ -137,7 +141,10 @@ class Reparser:
                 bucket = list(self._filed.get((probe, raw[probe - _QUICK : probe]), ()))
             for entry in bucket:
                 if entry.name == name:
-                    found = _extend(entry, raw, compares)
+                    try:
+                        found = _extend(entry, raw, compares, max_fresh)
+                    except _TooFresh:
+                        return None
                     if found is not None:
                         return found
                     if compares[0] <= 0:
@@ -178,7 +185,7 @@ class Reparser:
             return None
         with self._lock:
             self._add(entry)
-        return Reuse(NOTHING_YET, 0, len(entry.items), entry.prints)
+        return Reuse(NOTHING_YET, 0, len(entry.items), entry.prints, len(raw))
 
     def _add(self, entry: Remembered) -> None:
         bucket = self._filed.setdefault(entry.key, [])
@@ -204,7 +211,13 @@ class Reparser:
         return len(self._order)
 
 
-def _extend(entry: Remembered, raw: bytes, compares: list[int]) -> Reparsed | None:
+class _TooFresh(Exception):
+    """More than ``max_fresh`` bytes to parse past the shared part."""
+
+
+def _extend(
+    entry: Remembered, raw: bytes, compares: list[int], max_fresh: int | None = None
+) -> Reparsed | None:
     """``raw`` parsed from ``entry`` when it starts with ``entry``'s bytes up to one of its
     last cuts (the latest such cut). One full comparison at most, up to the earliest cut
     that looks possible (the bytes just before it agree); the later cuts then compare only
@@ -226,22 +239,30 @@ def _extend(entry: Remembered, raw: bytes, compares: list[int]) -> Reparsed | No
         return None
     for k, cut in reversed(possible):
         if cut == low or raw[low:cut] == prefix[low:cut]:
-            return _with_rest(entry, k, raw, cut)
+            return _with_rest(entry, k, raw, cut, max_fresh)
     return None
 
 
-def _with_rest(entry: Remembered, k: int, raw: bytes, cut: int) -> Reparsed | None:
+def _with_rest(
+    entry: Remembered, k: int, raw: bytes, cut: int, max_fresh: int | None = None
+) -> Reparsed | None:
     """The body: ``entry``'s members before the array, its first ``k`` elements, and what the
-    bytes from ``cut`` on give; None when they are not JSON or not canonical there."""
+    bytes from ``cut`` on give; None when they are not JSON or not canonical there. Raises
+    ``_TooFresh`` rather than parse more than ``max_fresh`` bytes."""
     end = len(raw) - len(entry.rest)
-    if end >= cut and raw.endswith(entry.rest):
+    same_after = end >= cut and raw.endswith(entry.rest)
+    if max_fresh is not None and (end if same_after else len(raw)) - cut > max_fresh:
+        raise _TooFresh
+    if same_after:
         # The same members after the array (the tools, say), byte for byte: only the new
         # elements between are parsed. They are whole values, each after a comma, exactly
         # when '[0' + them + ']' is one canonical array; then the array closes where the
         # remembered one did, and the rest is in the state it was in there.
         added = _canonical_value(b"[0" + raw[cut:end] + b"]", nested=1)
         if isinstance(added, list) and added and added[0] == 0:
-            return _reparsed(entry, k, raw, cut, added[1:], entry.after)
+            return _reparsed(entry, k, raw, cut, added[1:], entry.after, end - cut)
+    if max_fresh is not None and len(raw) - cut > max_fresh:
+        raise _TooFresh
     if len(raw) - cut >= SLICED_BYTES:
         return None  # a huge new part is parsed in slices, as a whole body would be
     tail = _canonical_value(_OPEN + raw[cut:])
@@ -256,7 +277,7 @@ def _with_rest(entry: Remembered, k: int, raw: bytes, cut: int) -> Reparsed | No
     names.add(entry.name)
     if any(name in names for name, _ in after):
         return None  # a member the part before the cut has: parse it whole
-    return _reparsed(entry, k, raw, cut, added[1:], after)
+    return _reparsed(entry, k, raw, cut, added[1:], after, len(raw) - cut)
 
 
 def _canonical_value(text: bytes, nested: int = 0) -> Any:
@@ -287,6 +308,7 @@ def _reparsed(
     cut: int,
     added: list[Any],
     after: tuple[tuple[str, Any], ...],
+    fresh: int,
 ) -> Reparsed:
     items = entry.items[:k] + added
     body = dict(entry.head)
@@ -300,7 +322,7 @@ def _reparsed(
         cuts.append(at)
         at += 1
     new = _entry(entry.name, raw, cuts[-BACK_CUTS:], entry.head, items, after)
-    return Reparsed(body, k, new, entry)
+    return Reparsed(body, k, new, entry, fresh)
 
 
 def _canonical(raw: bytes, body: dict[str, Any], name: str) -> Remembered | None:

@@ -34,14 +34,29 @@ class Prints:
 class Reuse:
     """What a request may take from the body it resends: ``earlier``'s prints of its first
     ``shared`` history elements (the same values: compared byte for byte); ``elements``: this
-    body's history length; ``mine``: where this body's prints go for the next one."""
+    body's history length; ``mine``: where this body's prints go for the next one;
+    ``fresh_bytes``: how much of the body was parsed afresh (all of it when it extends none)."""
 
     earlier: Prints
     shared: int
     elements: int
     mine: Prints
+    fresh_bytes: int
+
+    @property
+    def light(self) -> bool:
+        """Whether identifying the body is work for its new part only, and that part is
+        small (``FRESH_ON_LOOP_BYTES``): the earlier body's prints are there to take, so it
+        is done on the event loop even for a big body (a worker thread's round trip costs
+        ~0.1 ms, more than that work)."""
+        fresh = self.fresh_bytes
+        return self.shared > 0 and self.earlier.offset >= 0 and fresh < FRESH_ON_LOOP_BYTES
 
 
+# Bytes of new JSON a request may bring for its parse and per-message work (fingerprints,
+# counts) to run on the event loop; a body with more is parsed and identified in a worker
+# thread (parsing and checking megabytes would stall every other request on the loop).
+FRESH_ON_LOOP_BYTES = 256 * 1024
 NOTHING_YET = Prints()  # (never filled: ``fingerprinted`` fills ``Reuse.mine`` only)
 
 

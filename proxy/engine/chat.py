@@ -43,7 +43,7 @@ class ChatRequest:
     headers: Mapping[str, str]  # by lower-case name, the first of a repeated one
     raw_headers: Iterable[tuple[bytes, bytes]]  # as sent (the ones relayed upstream)
     started: float  # time.perf_counter() when the request arrived
-    big: bool = False  # identify and count it in a worker thread
+    big: bool = False  # heavy steps in a worker thread (identify too unless ``reuse.light``)
     reuse: Reuse | None = None  # what the body it resends left (``proxy.core.reparse``)
 
 

@@ -27,7 +27,7 @@ class Incoming:
     summary_joins: bool = False
     outside_cache_marks: int = 0
     reserve_tokens: int = 0  # tools and the requested reply, for the context-window guard
-    offload: bool = False  # a big body: identify and count it in a worker thread
+    offload: bool = False  # a big body: its heavy steps in a worker thread (``Reuse.light``)
     # The client's W3C trace context: the request's span continues its trace (when traced).
     traceparent: str | None = None
     tracestate: str | None = None

@@ -28,6 +28,7 @@ from proxy.adapters.llm import HttpLLM
 from proxy.adapters.store import Store
 from proxy.config import Config
 from proxy.core.reparse import Reparser
+from proxy.core.reprint import FRESH_ON_LOOP_BYTES
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES, Surface
 from proxy.core.tokens import warm_tokenizers
 from proxy.engine.chat import ChatRequest, outgoing
@@ -37,13 +38,14 @@ from proxy.server import probes
 from proxy.server.abort import AbortOnBrokenBody
 from proxy.server.errors import HANDLERS
 from proxy.server.front import ChatFront
-from proxy.server.incoming import header_map, parse_and_validate, receive_body
+from proxy.server.incoming import header_map, parse_and_validate, parse_extension, receive_body
 from proxy.server.passthrough import passthrough
 from proxy.server.relay import relay
 
 log = logging.getLogger("compaction_proxy.server")
-# Bodies this big are parsed, validated, fingerprinted and counted in a worker thread.
-OFFLOAD_BYTES = 256 * 1024
+# Bodies this big are parsed, validated, fingerprinted and counted in a worker thread, unless
+# they resend a recent body with less than this much new (``Reuse.light``).
+OFFLOAD_BYTES = FRESH_ON_LOOP_BYTES
 
 
 class ChatRoute:
@@ -71,10 +73,14 @@ async def _serve(scope: Scope, receive: Receive, surface: Surface, send: Send) -
     head = header_map(scope)
     raw = await receive_body(head, receive, config.max_body_bytes, config.limits.body_timeout_s)
     big = len(raw) >= OFFLOAD_BYTES
-    if big:  # parsing and checking megabytes would stall every other request on the loop
-        body, reuse = await asyncio.to_thread(parse_and_validate, raw, surface, state.reparser)
-    else:
-        body, reuse = parse_and_validate(raw, surface, state.reparser)
+    # Parsing and checking megabytes would stall every other request on the loop: a big
+    # body in a worker thread, unless it resends a recent one with a small new part (#28).
+    parsed = parse_extension(raw, surface, state.reparser, OFFLOAD_BYTES) if big else None
+    if parsed is None and big:
+        parsed = await asyncio.to_thread(parse_and_validate, raw, surface, state.reparser)
+    elif parsed is None:
+        parsed = parse_and_validate(raw, surface, state.reparser)
+    body, reuse = parsed
     request = ChatRequest(surface, raw, body, head, scope["headers"], started, big, reuse)
     out = await outgoing(service, state.forwarder, request)
     await relay(out, send, receive)

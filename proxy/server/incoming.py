@@ -84,12 +84,23 @@ def parse_and_validate(
     two share (``proxy.core.reparse``), and an accepted body is remembered for the next; then
     also what the engine may take from the earlier one and leave for the next (``Reuse``)."""
     if reparser is not None:
-        found = reparser.parse(raw, surface.history_key)
-        if found is not None:
-            surface.validate(found.body, found.shared)  # the shared ones were, as they are
-            reparser.accept(found)
-            return found.body, found.reuse
+        extended = parse_extension(raw, surface, reparser)
+        if extended is not None:
+            return extended
     body = parse_json_object(raw)
     surface.validate(body, 0)
     reuse = reparser.remember(raw, body, surface.history_key) if reparser is not None else None
     return body, reuse
+
+
+def parse_extension(
+    raw: bytes, surface: Surface, reparser: Reparser, max_fresh: int | None = None
+) -> tuple[dict[str, Any], Reuse | None] | None:
+    """``parse_and_validate`` of a body that extends one ``reparser`` remembers, with at most
+    ``max_fresh`` bytes to parse past what the two share; None otherwise (parse it whole)."""
+    found = reparser.parse(raw, surface.history_key, max_fresh)
+    if found is None:
+        return None
+    surface.validate(found.body, found.shared)  # the shared ones were, as they are
+    reparser.accept(found)
+    return found.body, found.reuse
