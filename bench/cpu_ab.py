@@ -16,7 +16,10 @@ a flush writes one row for ~80 requests). ``--floor`` adds ``bench.relay_floor``
 with ``--read-body`` (uvloop, httptools, every body parsed by orjson) in the same rounds.
 ``--agent`` adds ``bench.agent_body``'s request: a coding agent's at a real agent's sizes
 (53 messages, 24 tools in ~62 KB of schemas, a 5.6 KB system prompt), what the proxy sees
-most in production. Nothing is asserted.
+most in production. ``--subst N`` (repeatable) adds the N-message body of a conversation
+past the trigger with its compaction in effect (compacted once, as ``bench.overhead``'s
+substitution rows are, into a store each tree starts from): a long session's request, whose
+body is over ``OFFLOAD_BYTES`` from ~270 messages on. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,19 +39,31 @@ import orjson
 import yaml
 
 from bench.agent_body import agent_body
-from bench.overhead import MEASURE_COMPACTION, ROOT, FastUpstream, Profile, _wait_http, load
+from bench.overhead import (
+    MEASURE_COMPACTION,
+    ROOT,
+    SEED_COMPACTION,
+    FastUpstream,
+    Profile,
+    _wait_http,
+    check,
+    load,
+)
 from bench.servers import FloorRelay, process_tree, request_body, settle
-from tests.proxyproc import cli_path, free_port
+from tests.proxyproc import ProxyProcess, cli_path, free_port
 
 KEY = "sk-bench-cpu"
 AGENT = "agent"  # ``bench.agent_body``'s request: 53 messages, 24 tools, a 5.6 KB system prompt
+SUBST = "subst-"  # + N: the N-message body of a conversation whose compaction is stored
 
 
 class Tree:
     """``compaction-proxy serve`` running the code of one source tree."""
 
-    def __init__(self, name: str, root: Path, work: Path, upstream: str) -> None:
-        self.name, self.root = name, root
+    def __init__(
+        self, name: str, root: Path, work: Path, upstream: str, seed: Path | None = None
+    ) -> None:
+        self.name, self.root, self.seed = name, root, seed
         self.port = free_port()
         self.tmp = work / name
         self.tmp.mkdir(parents=True, exist_ok=True)
@@ -62,6 +78,8 @@ class Tree:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Tree:
+        if self.seed is not None:  # the compactions stored before, as this tree's store
+            shutil.copytree(self.seed, self.tmp / "store", dirs_exist_ok=True)
         env = {**os.environ, "PYTHONPATH": str(self.root)}
         env.pop("COMPACTION_PROXY_OVERRIDES", None)
         log_path = self.tmp / "server.log"
@@ -87,6 +105,8 @@ def bodies_of(history: int | str, stream: bool, conversations: int, work: Path) 
     for n in range(conversations):
         if history == AGENT:
             raw = agent_body(stream, n)
+        elif isinstance(history, str) and history.startswith(SUBST):
+            raw = request_body(int(history[len(SUBST) :]), stream)  # (one conversation)
         else:
             body = orjson.loads(request_body(int(history), stream))
             if n:
@@ -97,6 +117,20 @@ def bodies_of(history: int | str, stream: bool, conversations: int, work: Path) 
         path.write_bytes(raw)
         paths.append(path)
     return paths
+
+
+def seed_compactions(work: Path, upstream: str, sizes: tuple[int, ...]) -> Path:
+    """A store holding one compaction of each ``sizes``-message body (``KEY``'s tenant),
+    made through the product as ``bench.overhead.seed_records`` makes them."""
+    store = work / "seeded-store"
+    tmp = work / "seeding"
+    tmp.mkdir(parents=True, exist_ok=True)
+    with ProxyProcess(
+        tmp, upstream, store={"url": f"diskcache://{store}"}, compaction=SEED_COMPACTION
+    ) as proxy:
+        for n in sizes:
+            check(proxy.port, request_body(n, stream=False), KEY, "summarize")
+    return store
 
 
 def load_many(
@@ -128,22 +162,27 @@ def run(
     floor: bool = False,
     conversations: int = 1,
     agent: bool = False,
+    subst: tuple[int, ...] = (),
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-ab-"))
     upstream = FastUpstream(work / "upstream.log").start()
+    seed = seed_compactions(work, upstream.base_url, subst) if subst else None
     servers: list[Tree | FloorRelay] = [
-        Tree(name, root, work, upstream.base_url) for name, root in trees.items()
+        Tree(name, root, work, upstream.base_url, seed) for name, root in trees.items()
     ]
     if floor:  # the least a Python proxy that parses every body does, beside them
         servers.append(FloorRelay(work, upstream.port, read_body=True))
     profile = Profile("cpu_ab", 50, (), (concurrency,), 0.5, duration, 1_000_000)
     samples: dict[tuple[str, str, bool], list[dict[str, float]]] = {}
     histories: tuple[int | str, ...] = (2, 50, AGENT) if agent else (2, 50)
+    histories += tuple(f"{SUBST}{n}" for n in subst)
     try:
         for server in servers:
             server.start()
         bodies = {
-            (str(history), stream): bodies_of(history, stream, conversations, work)
+            (str(history), stream): bodies_of(
+                history, stream, 1 if str(history).startswith(SUBST) else conversations, work
+            )
             for history in histories
             for stream in (False, True)
         }
@@ -224,6 +263,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also bench.agent_body's request (a real agent's sizes)",
     )
+    parser.add_argument(
+        "--subst",
+        type=int,
+        action="append",
+        default=[],
+        metavar="N",
+        help="also the N-message body of a compacted conversation (repeatable)",
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -235,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         args.floor,
         args.conversations,
         args.agent,
+        tuple(args.subst),
     )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -9,7 +9,7 @@ import orjson
 from proxy.core import tokens
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, count_cache_marks, tool_cache_marks
 from proxy.core.tokens import TokenCounter
-from proxy.engine.chat import reserve_tokens
+from proxy.engine.chat import WrittenOnce, reserve_tokens
 
 MARK = {"type": "ephemeral"}
 
@@ -74,3 +74,19 @@ def test_tool_cache_marks_are_count_cache_marks() -> None:
         assert ANTHROPIC_MESSAGES.outside_cache_marks(body, made) == count_cache_marks(case)
     assert tool_cache_marks(tools(6, marked=5)) == 1
     assert tool_cache_marks(nested) == 1
+
+
+def test_the_tools_json_is_written_once_per_object_and_bounded() -> None:
+    written = WrittenOnce(size=2)
+    first = tools(3)
+    made = written(first)
+    assert made == orjson.dumps(first)
+    assert written(first) is made  # the same object: the bytes written for it
+    equal = tools(3)
+    assert written(equal) == made and written(equal) is not made  # another object: written
+    third = tools(1)
+    assert written(third) == orjson.dumps(third)
+    assert written(first) is not made  # pushed out by the two since: written again
+    assert len(written._made) == 2
+    # Each entry holds its object, so no later object can take its id meanwhile.
+    assert written._made[id(first)][0] is first

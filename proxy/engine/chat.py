@@ -127,6 +127,32 @@ def chat_url(base_url: str, path: str) -> httpx.URL:
     return upstream_url(base_url, path, "")
 
 
+class WrittenOnce:
+    """The JSON of the last few values written, by identity (#28). A body parsed from the one
+    before it (``proxy.core.reparse``) holds that body's very ``tools`` list, and writing a
+    coding agent's ~62 KB of tool schemas again cost ~20 us a request. The proxy never
+    changes a parsed value in place (every step copies what it alters), so the same object
+    writes the same bytes; each entry holds its object, so no other takes its ``id``. Used
+    on the event loop only."""
+
+    def __init__(self, size: int = 16) -> None:
+        self.size = size
+        self._made: dict[int, tuple[Any, bytes]] = {}
+
+    def __call__(self, value: Any) -> bytes:
+        made = self._made.get(id(value))
+        if made is not None and made[0] is value:
+            return made[1]
+        written = orjson.dumps(value)
+        if len(self._made) >= self.size:
+            del self._made[next(iter(self._made))]  # the oldest
+        self._made[id(value)] = (value, written)
+        return written
+
+
+TOOLS_JSON = WrittenOnce()
+
+
 def credential_of(headers: Mapping[str, str]) -> str | None:
     """The client's API key as sent (Bearer token or x-api-key); only ever hashed or relayed."""
     auth = headers.get("authorization")
@@ -165,7 +191,7 @@ def describe(
     credential = credential_of(headers)
     tenant_name = headers.get("x-compaction-tenant")
     tools = body.get("tools")
-    tools_json = orjson.dumps(tools) if tools else None  # once, for the count and the marks
+    tools_json = TOOLS_JSON(tools) if tools else None  # once, for the count and the marks
     return Incoming(
         messages=surface.to_view(body),
         model=body["model"],
