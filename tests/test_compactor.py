@@ -293,6 +293,59 @@ async def test_inline_compaction_substitutes_on_the_next_prepare(make: MakeCompa
     assert len(llm.calls) == 2  # no new LLM calls
 
 
+async def test_a_record_read_once_comes_from_memory_while_the_store_names_it(
+    make: MakeCompactor, store: DiskStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#28: a compacted conversation's record is read and decoded once, not on every request;
+    the checkpoint read with each request says whether it is still the stored one."""
+    c = make(FakeLLM(), mode="inline")
+    msgs = conversation(14)
+    first = await prepare(c, msgs)
+    assert first.record is not None
+    read: list[str] = []
+    get_many = store.get_many
+
+    def recording(keys: Any) -> dict[str, Any]:
+        read.extend(keys)
+        return get_many(keys)
+
+    monkeypatch.setattr(store, "get_many", recording)
+
+    def record_reads() -> int:
+        return sum(1 for key in read if key.startswith("rec:"))
+
+    longer = msgs + [{"role": "user", "content": "One more question."}]
+    for _ in range(3):
+        p = await prepare(c, longer)
+        assert p.record == first.record and p.forwarded_tokens < p.original_tokens
+    assert record_reads() == 1
+
+    # Its retention over: read from the store again, which decides.
+    late = first.record.created_at + 31 * 86400
+    assert (await prepare(c, longer, now=late)).record == first.record
+    assert record_reads() == 2
+
+    # Another worker stores another record for the same prefix: its checkpoint names it.
+    (key,) = store.keys("rec:")
+    (ck,) = store.keys("ck:")
+    theirs = dict(store.get(key))
+    theirs["created_at"] = first.record.created_at + 1
+    theirs["summary"] = {**theirs["summary"], "content": "Another worker's summary."}
+    store.set(key, theirs)
+    store.append(ck, {"k": theirs["k"], "h": theirs["prefix_hash"], "t": theirs["created_at"]})
+    p = await prepare(c, longer)
+    assert p.record is not None and p.record.summary == theirs["summary"]
+    assert record_reads() == 3
+
+    # The conversation deleted from the store: no record, whatever was read before (so
+    # this request, over the trigger, is compacted afresh).
+    store.delete(key)
+    store.delete(ck)
+    p = await prepare(c, longer)
+    assert p.compacted_now and p.record is not None
+    assert p.record.created_at not in (first.record.created_at, theirs["created_at"])
+
+
 async def test_background_compaction_via_schedule_and_drain(make: MakeCompactor) -> None:
     llm = FakeLLM()
     c = make(llm, mode="background")

@@ -72,11 +72,25 @@ def test_find_checkpoint_takes_the_largest_exact_match() -> None:
     assert find_checkpoint(cps, prefix_chain("u", fingerprints(m))) is None
     assert find_checkpoint([Checkpoint(0, chain[0].hex())], chain) is None
     assert find_checkpoint([Checkpoint(4, chain[5].hex())], chain) is None
+    # The same prefix stored twice: the latest checkpoint, which names the latest record.
+    again = [*cps, Checkpoint(7, chain[7].hex(), 2.0), Checkpoint(3, chain[3].hex(), 3.0)]
+    assert find_checkpoint(again, chain) == again[3]
 
 
 def test_parse_checkpoints_skips_malformed_items() -> None:
     raw = [{"k": 3, "h": "ab"}, {"k": "3", "h": "ab"}, {"k": 4}, "x", None, {"k": 5, "h": 7}]
     assert parse_checkpoints(raw) == [Checkpoint(3, "ab")]
+    # The record it names, when written since (#28); anything else there names none.
+    timed = [
+        {"k": 3, "h": "ab", "t": 5},
+        {"k": 3, "h": "ab", "t": "5"},
+        {"k": 3, "h": "ab", "t": 1.5},
+    ]
+    assert parse_checkpoints(timed) == [
+        Checkpoint(3, "ab", 5.0),
+        Checkpoint(3, "ab"),
+        Checkpoint(3, "ab", 1.5),
+    ]
     assert parse_checkpoints(None) == [] and parse_checkpoints({"k": 1}) == []
 
 

@@ -110,12 +110,17 @@ def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
     tracker = _tracker(got.get(stab))
     best = best_checkpoint(got, t, conv, earlier, ident.chain)
     rec = record_key(t, best[1], best[0]) if best is not None else None
+    known = env.records.get(rec, best[0], req.now) if best is not None and rec else None
     earlier_stab = conv_key("stab", t, earlier) if tracker is None and earlier else None
-    more = tuple(k for k in (rec, earlier_stab) if k is not None)
+    more = tuple(k for k in (None if known else rec, earlier_stab) if k is not None)
     found = (yield Read(values=more)) if more else {}
     if earlier_stab is not None:
         tracker = _tracker(found.get(earlier_stab))
-    record = checked_record(found.get(rec), best[0]) if best is not None and rec else None
+    record = known
+    if record is None and best is not None and rec:
+        record = checked_record(found.get(rec), best[0])
+        if record is not None:
+            env.records.put(rec, record)
     return State(
         record,
         cooling=got.get(cool) is not None,

@@ -14,7 +14,7 @@ from typing import Any
 
 from proxy.core import layout, planner
 from proxy.core.messages import Message, head_length
-from proxy.core.records import CompactionRecord, body_start
+from proxy.core.records import CompactionRecord, KnownRecords, body_start
 from proxy.core.settings import CompactionSettings
 from proxy.core.stability import StabilityState, TierThresholds
 from proxy.core.tokens import TokenCounter
@@ -35,13 +35,18 @@ class Env:
     prompts: Prompts
     counter: TokenCounter
     tiers: TierThresholds
+    records: KnownRecords = dataclasses.field(default_factory=KnownRecords)
 
     @classmethod
     def of(
-        cls, s: CompactionSettings, prompts: Prompts, counter: TokenCounter | None = None
+        cls,
+        s: CompactionSettings,
+        prompts: Prompts,
+        counter: TokenCounter | None = None,
+        retention_s: float | None = None,
     ) -> Env:
         tiers = TierThresholds(s.tier_l1_requests, s.tier_l2_requests, s.tier_l3_requests)
-        return cls(s, prompts, counter or TokenCounter(), tiers)
+        return cls(s, prompts, counter or TokenCounter(), tiers, KnownRecords(retention_s))
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,8 @@ existed (head + summary) are still read.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,6 +36,9 @@ def conv_key(kind: str, tenant: str, conversation: str) -> str:
 class Checkpoint:
     k: int
     prefix_hash: str
+    # The record's ``created_at`` (checkpoints written since #28): which record it names, so
+    # one read before need not be read again (``KnownRecords``).
+    created: float | None = None
 
 
 @dataclass(frozen=True)
@@ -138,20 +143,58 @@ def parse_checkpoints(raw: Any) -> list[Checkpoint]:
     if isinstance(raw, list):
         for item in raw:
             if isinstance(item, dict) and isinstance(item.get("k"), int):
-                h = item.get("h")
+                h, t = item.get("h"), item.get("t")
                 if isinstance(h, str):
-                    out.append(Checkpoint(item["k"], h))
+                    created = float(t) if isinstance(t, int | float) else None
+                    out.append(Checkpoint(item["k"], h, created))
     return out
 
 
 def find_checkpoint(checkpoints: Sequence[Checkpoint], chain: Sequence[bytes]) -> Checkpoint | None:
-    """The checkpoint with the largest k whose hash equals ``chain[k]`` exactly."""
+    """The checkpoint with the largest k whose hash equals ``chain[k]`` exactly (the latest
+    of those, which names the record stored last under that prefix)."""
     best: Checkpoint | None = None
     for cp in checkpoints:
         if 0 < cp.k < len(chain) and chain[cp.k].hex() == cp.prefix_hash:
-            if best is None or cp.k > best.k:
+            if best is None or cp.k >= best.k:
                 best = cp
     return best
+
+
+class KnownRecords:
+    """Records read lately, by store key (#28): a compacted conversation's every request
+    forwards its record, and reading and decoding it again (~12 KB of JSON) was ~7 % of
+    such a request's CPU. A record is used from here only when the checkpoint the store
+    gives names it (its ``created_at``: another worker's record for the same prefix names
+    another) and its retention has not run out, so the store stays the truth: a deleted
+    conversation has no checkpoints, a refused one is dropped by its own flag. Bounded;
+    thread-safe (flows of huge histories run in worker threads)."""
+
+    def __init__(self, retention_s: float | None = None, size: int = 128) -> None:
+        self.retention_s = retention_s
+        self.size = size
+        self._lock = threading.Lock()
+        self._by_key: OrderedDict[str, CompactionRecord] = OrderedDict()
+
+    def get(self, key: str, cp: Checkpoint, now: float | None) -> CompactionRecord | None:
+        if cp.created is None:
+            return None  # a checkpoint from before: it names no record in particular
+        with self._lock:
+            record = self._by_key.get(key)
+        if record is None or record.created_at != cp.created:
+            return None
+        if record.k != cp.k or record.prefix_hash != cp.prefix_hash:
+            return None
+        if self.retention_s is not None and (now is None or now >= cp.created + self.retention_s):
+            return None  # (the store no longer keeps it: it is read, and found gone)
+        return record
+
+    def put(self, key: str, record: CompactionRecord) -> None:
+        with self._lock:
+            self._by_key[key] = record
+            self._by_key.move_to_end(key)
+            while len(self._by_key) > self.size:
+                self._by_key.popitem(last=False)
 
 
 def substitute(messages: Sequence[Message], record: CompactionRecord) -> list[Message]:

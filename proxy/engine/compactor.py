@@ -81,7 +81,7 @@ class Compactor:
         self.store = store
         self.llm = llm
         self.prompts = prompts
-        self.env = Env.of(settings, prompts, counter)
+        self.env = Env.of(settings, prompts, counter, retention_s)
         self.counter = self.env.counter
         self.retention_s = retention_s
         self.on_event = on_event
@@ -170,7 +170,7 @@ class Compactor:
         tenant, conversation = command.tenant, command.conversation
         key = conv_key("rec", tenant, conversation) + ":" + record.prefix_hash
         self.store.set(key, record.to_json(), ttl)
-        checkpoint = {"k": record.k, "h": record.prefix_hash}
+        checkpoint = {"k": record.k, "h": record.prefix_hash, "t": record.created_at}
         self.store.append(conv_key("ck", tenant, conversation), checkpoint, ttl, MAX_CHECKPOINTS)
         ledger.record_compaction(
             self.store,
