@@ -109,3 +109,15 @@ def test_pruning_keeps_what_the_breaker_keeps_within_its_own_window() -> None:
     assert not any("src/a.py" in c for c in kept) and any("src/b.py" in c for c in kept)
     # A window too small for the result: pruning clears it anyway.
     assert any("src/a.py" in c for c in prune.plan(history, settings, count, keep=keep).cleared)
+
+
+def test_the_figures_are_written_as_the_store_gives_them_back() -> None:
+    seen = behaviour.Behaviour(
+        "abc", "summarize", 2, 1, ["Read(a.py)"], ["Read:a.py"], 1.5, 3.0, (3, 2), (6, 2)
+    )
+    written = seen.to_json()
+    expected = dataclasses.asdict(seen)
+    expected["counts_before"], expected["counts_after"] = [3, 2], [6, 2]
+    assert written == expected and list(written) == [f.name for f in dataclasses.fields(seen)]
+    assert json.loads(json.dumps(written)) == written
+    assert written["repeated"] is not seen.repeated  # a copy: the figures stay as observed

@@ -64,13 +64,21 @@ class Behaviour:
     counts_after: tuple[int, int] = (0, 0)
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
-        # As the store gives it back (JSON has no tuples): unchanged figures compare equal.
-        out["counts_before"], out["counts_after"] = (
-            list(self.counts_before),
-            list(self.counts_after),
-        )
-        return out
+        # As the store gives it back (JSON has no tuples), so unchanged figures compare
+        # equal; written out, not ``asdict``: it runs on every request of a compacted
+        # conversation (#28), and ``asdict`` copies recursively, ~2 % of such a request.
+        return {
+            "record": self.record,
+            "case": self.case,
+            "repeated_calls": self.repeated_calls,
+            "rereads": self.rereads,
+            "repeated": list(self.repeated),
+            "identities": list(self.identities),
+            "turns_before": self.turns_before,
+            "turns_after": self.turns_after,
+            "counts_before": list(self.counts_before),
+            "counts_after": list(self.counts_after),
+        }
 
 
 def ratio(counts: tuple[int, int]) -> float:
