@@ -38,7 +38,7 @@ from proxy.core.fingerprint import conversation_id, fingerprints, prefix_chain, 
 from proxy.core.lookup import lookup
 from proxy.core.records import MAX_CHECKPOINTS, CompactionRecord, conv_key
 from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import run_reads
+from proxy.engine.reads import run_reads
 
 MODEL = "gpt-4o"
 SIZES = (10, 100, 1000, 5000)

@@ -346,6 +346,35 @@ async def test_a_record_read_once_comes_from_memory_while_the_store_names_it(
     assert p.record.created_at not in (first.record.created_at, theirs["created_at"])
 
 
+async def test_the_agents_figures_go_in_the_batch_and_are_held_meanwhile(
+    make: MakeCompactor, store: DiskStore
+) -> None:
+    """#28: what the agent did since the compaction changes with nearly every request; it is
+    written in the writer's next batch (not by a write of its own on the request path), and
+    this worker answers the next request with what it queued until then."""
+    c = make(FakeLLM(), mode="inline")
+    msgs = conversation(14)
+    first = await prepare(c, msgs)
+    assert first.record is not None
+    longer = msgs + [
+        {"role": "assistant", "content": "Done with that."},
+        {"role": "user", "content": "One more question."},
+    ]
+    p = await prepare(c, longer)
+    key = conv_key("behave", p.tenant, p.conversation)
+    figures = c._recent[key][0]
+    assert figures[first.record.prefix_hash]["counts_after"] == [1, 1]
+    assert c.writer._latest[key][0] is figures  # queued for the next batch
+    # The next request, before the batch lands: this worker's figures, unchanged, so
+    # nothing new is queued or reported.
+    c.writer._latest.clear()
+    again = await prepare(c, longer)
+    assert again.record == first.record and key not in c.writer._latest
+    c.writer.put(key, figures, None)  # (taken out above) written by the batch:
+    await c.drain()
+    assert store.get(key) == figures
+
+
 async def test_background_compaction_via_schedule_and_drain(make: MakeCompactor) -> None:
     llm = FakeLLM()
     c = make(llm, mode="background")

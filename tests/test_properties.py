@@ -32,7 +32,8 @@ from proxy.core.prepared import Prepared
 from proxy.core.records import body_start
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
-from proxy.engine.compactor import Compactor, run_reads
+from proxy.engine.compactor import Compactor
+from proxy.engine.reads import run_reads
 from tests.test_compactor import MODEL, PROMPTS, FakeLLM
 
 Message = dict[str, Any]

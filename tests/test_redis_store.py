@@ -109,7 +109,7 @@ def test_zadd_many_writes_as_one_zadd_per_key_in_one_round_trip(
 def test_read_many_reads_as_single_reads_do_in_one_round_trip(
     redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A request's lookup (``compactor.read_store``) reads several values and lists at once:
+    """A request's lookup (``engine.reads.read_store``) reads several values and lists at once:
     the same answers from both backends as ``get``/``get_list`` give, a corrupt value a miss,
     and with Redis one pipelined round trip rather than one per key."""
     stores = [open_store(redis_url), DiskStore(tmp_path / "disk")]

@@ -14,11 +14,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from proxy.adapters.llm import LLM
-from proxy.adapters.store import Store, read_many
+from proxy.adapters.store import Store
 from proxy.adapters.writer import BatchWriter
 from proxy.core import flow_compact, flow_prepare
 from proxy.core.commands import (
@@ -41,6 +41,7 @@ from proxy.core.records import MAX_CHECKPOINTS, conv_key
 from proxy.core.reprint import Reuse
 from proxy.core.settings import CompactionSettings
 from proxy.core.tokens import TokenCounter
+from proxy.engine.reads import hold, read_store
 from proxy.engine.stepping import Done, advance
 from proxy.engine.tracing import Tracer
 from proxy.operators import ledger
@@ -56,8 +57,6 @@ OFFLOAD_MESSAGES = 1000
 # the substitution, decision and stability steps take under 2 ms on the loop, less than the
 # extra thread hops would add (see flow_prepare.SETTLE_OFFLOAD_MESSAGES).
 STEP_OFFLOAD_MESSAGES = flow_prepare.SETTLE_OFFLOAD_MESSAGES
-_RECENT_TRACKERS = 4096
-_RECENT_S = 10.0  # how long this worker answers for its own queued tracker writes
 
 
 class Compactor:
@@ -154,9 +153,12 @@ class Compactor:
             case CompactNow():
                 return await self.compact(command.prepared, inline=True)
             case Remember():
-                return await asyncio.to_thread(
-                    self.store.set, command.key, command.value, self.retention_s
-                )
+                # Batched like the tracker, off the request path: it changes with nearly
+                # every request of a compacted agent conversation, and a write of its own
+                # there cost ~0.25 ms a request (#28).
+                hold(self._recent, command.key, command.value)
+                self.writer.put(command.key, command.value, self.retention_s)
+                return None
         raise TypeError(f"unknown command {command!r}")
 
     async def _read(self, command: Read) -> dict[str, Any]:
@@ -233,18 +235,7 @@ class Compactor:
         compaction if the decision asked for one. Never blocks the caller."""
         if prepared.stability is not None:
             key = conv_key("stab", prepared.tenant, prepared.conversation)
-            now = time.monotonic()
-            recent = self._recent
-            recent.pop(key, None)  # re-inserted last: the dict stays ordered by age
-            recent[key] = (prepared.stability, now)
-            # Only until the batched write has landed (it flushes every fraction of a
-            # second): holding trackers longer would cost memory in proportion to the
-            # number and length of conversations, for nothing the store does not have.
-            while recent:
-                oldest = next(iter(recent))
-                if len(recent) <= _RECENT_TRACKERS and now - recent[oldest][1] < _RECENT_S:
-                    break
-                del recent[oldest]
+            hold(self._recent, key, prepared.stability)
             # Written in the next batch; a lost write only restarts the tracker at N = 0.
             # The state is frozen: it is turned into JSON in the writer's thread (100,000
             # items take a fifth of a second, which the event loop must not wait for).
@@ -368,32 +359,3 @@ class Compactor:
             if await asyncio.to_thread(self.store.get, orphan) == stamp:
                 await asyncio.to_thread(self.store.delete, orphan)
             self._orphan_locks.pop(orphan, None)
-
-
-def run_reads(flow: Flow[T], store: Store) -> T:
-    """Drive a flow that only reads (a lookup), synchronously, from ``store``: for tools and
-    benchmarks that have no event loop."""
-    reply: Any = None
-    while True:
-        try:
-            command = flow.send(reply)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        if not isinstance(command, Read):
-            raise TypeError(f"run_reads answers reads only, not {command!r}")
-        reply = read_store(store, command)
-
-
-def read_store(
-    store: Store, command: Read, held: Mapping[str, tuple[Any, float]] | None = None
-) -> dict[str, Any]:
-    """``command``'s answer from ``store``: each value (None when absent) and each list (empty
-    when absent), in one round trip for Redis. ``held``: values this worker queued but may
-    not have written yet, with when; they answer for their keys."""
-    # One ``get`` per key: with Redis this runs in a thread while the event loop may drop
-    # entries from ``held``.
-    queued = {key: held.get(key) for key in command.values} if held else {}
-    unread = [key for key in command.values if queued.get(key) is None]
-    got = read_many(store, unread, command.lists)
-    got.update({key: entry[0] for key, entry in queued.items() if entry is not None})
-    return got
