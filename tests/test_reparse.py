@@ -10,6 +10,7 @@ receives is what the client sent, and the next requests were parsed from the rem
 from __future__ import annotations
 
 import asyncio
+import random
 import socket
 import threading
 import time
@@ -26,6 +27,7 @@ import pytest
 import uvicorn
 
 from proxy.config import parse_config
+from proxy.core import byteruns
 from proxy.core.fingerprint import fingerprints, prefix_chain
 from proxy.core.reparse import FIRST_PROBE, Reparser
 from proxy.core.reprint import FRESH_ON_LOOP_BYTES, NOTHING_YET, Prints, Reuse, fingerprinted
@@ -325,6 +327,44 @@ def test_identifying_on_the_loop_takes_a_small_new_part_and_the_earlier_prints()
     assert not Reuse(filled, 2, 3, Prints(), FRESH_ON_LOOP_BYTES).light  # a big new part
     assert not Reuse(Prints(), 2, 3, Prints(), 1000).light  # the earlier prints not made
     assert not Reuse(NOTHING_YET, 0, 3, Prints(), 1000).light  # extends nothing
+
+
+def test_a_run_of_pieces_compares_and_cuts_as_its_bytes_would() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        run = tuple(
+            bytes(rng.choices(b"ab", k=rng.randint(0, 9))) for _ in range(rng.randint(1, 6))
+        )
+        whole = b"".join(run)
+        size = byteruns.length(run)
+        assert size == len(whole)
+        raw = whole[: rng.randint(0, size)] + bytes(rng.choices(b"ab", k=rng.randint(0, 9)))
+        upto = rng.randint(0, size)
+        assert byteruns.starts_with(raw, run, upto) == raw.startswith(whole[:upto])
+        start = rng.randint(0, size)
+        end = rng.randint(start, size)
+        assert byteruns.between(run, start, end) == whole[start:end]
+        more = bytes(rng.choices(b"ab", k=rng.randint(0, 5)))
+        assert b"".join(byteruns.extended(run, upto, more)) == whole[:upto] + more
+    many: byteruns.Run = ()
+    for i in range(byteruns.MAX_PIECES + 5):
+        many = byteruns.extended(many, byteruns.length(many), b"%d," % i)
+        assert len(many) <= byteruns.MAX_PIECES
+    assert b"".join(many) == b"".join(b"%d," % i for i in range(byteruns.MAX_PIECES + 5))
+
+
+def test_the_remembered_prefix_is_not_copied_from_each_body() -> None:
+    """A body that extends the last one leaves the pieces of its prefix as they were and
+    adds its new elements: nothing the size of the body is copied per request."""
+    rp, body = _remembered(40)
+    (first,) = (e.prefix for e in rp._order.values())
+    for n in range(3):
+        body = {**body, "messages": [*body["messages"], {"role": "user", "content": f"turn {n}"}]}
+        got, shared = _parse(rp, orjson.dumps(body))
+        assert got == body and shared == len(body["messages"]) - 1
+    (entry,) = rp._order.values()
+    assert entry.prefix[0] is first[0] and len(entry.prefix) == 4
+    assert b"".join(entry.prefix) == orjson.dumps(body)[: entry.cuts[-1]]
 
 
 def test_small_bodies_are_not_remembered_and_the_bounds_hold() -> None:

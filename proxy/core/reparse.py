@@ -41,8 +41,11 @@ from typing import Any
 
 import orjson
 
+from proxy.core import byteruns
+from proxy.core.byteruns import Run
+from proxy.core.canonical import canonical_value
 from proxy.core.reprint import NOTHING_YET, Prints, Reuse
-from proxy.core.validation import MAX_DEPTH, SLICED_BYTES, WRITABLE_LEVELS, written_within
+from proxy.core.validation import SLICED_BYTES
 
 # A body is filed under the bytes just before a probe position (256, 512, 1024, ...): the
 # largest one within what a body extending it must share. A lookup reads the new body at
@@ -73,7 +76,7 @@ class Remembered:
     each element ends, the members before the array and the array's elements."""
 
     name: str
-    prefix: bytes
+    prefix: Run  # its bytes up to its last cut, in pieces (``proxy.core.byteruns``)
     cuts: tuple[int, ...]  # where the last ``BACK_CUTS`` elements end (at most), in order
     head: tuple[tuple[str, Any], ...]
     items: list[Any]
@@ -87,7 +90,7 @@ class Remembered:
 
     @property
     def size(self) -> int:
-        return len(self.prefix) + len(self.rest)
+        return self.cuts[-1] + len(self.rest)
 
 
 @dataclass(frozen=True)
@@ -222,9 +225,9 @@ def _extend(
     entry: Remembered, raw: bytes, compares: list[int], max_fresh: int | None = None
 ) -> Reparsed | None:
     """``raw`` parsed from ``entry`` when it starts with ``entry``'s bytes up to one of its
-    last cuts (the latest such cut). One full comparison at most, up to the earliest cut
-    that looks possible (the bytes just before it agree); the later cuts then compare only
-    the bytes between."""
+    last cuts (the latest such cut): up to the last one, compared whole; else up to the
+    earliest that looks possible (the bytes just before it agree), the later ones then
+    comparing only the bytes between."""
     cuts = entry.cuts
     first = len(entry.items) - len(cuts) + 1  # the elements before ``cuts[0]``
     size = len(raw)
@@ -238,18 +241,15 @@ def _extend(
     compares[0] -= 1
     prefix = entry.prefix
     low = possible[0][1]
-    head = min(_HEAD, low)
-    if raw[:head] != prefix[:head]:
+    if not byteruns.starts_with(raw, prefix, min(_HEAD, low)):
         return None  # (conversations alike but for their first messages: no full compare)
     k, cut = possible[-1]
-    if cut == len(prefix) and raw.startswith(prefix):
-        # The usual case, a body that extends the last one: all of its bytes, compared
-        # without a slice of them (a copy of a 300 KB prefix costs ~20 us).
-        return _with_rest(entry, k, raw, cut, max_fresh)
-    if not raw.startswith(prefix[:low]):
+    if cut == cuts[-1] and byteruns.starts_with(raw, prefix, cut):
+        return _with_rest(entry, k, raw, cut, max_fresh)  # (a body that extends the last)
+    if not byteruns.starts_with(raw, prefix, low):
         return None
     for k, cut in reversed(possible):
-        if cut == low or raw[low:cut] == prefix[low:cut]:
+        if cut == low or raw[low:cut] == byteruns.between(prefix, low, cut):
             return _with_rest(entry, k, raw, cut, max_fresh)
     return None
 
@@ -269,14 +269,14 @@ def _with_rest(
         # elements between are parsed. They are whole values, each after a comma, exactly
         # when '[0' + them + ']' is one canonical array; then the array closes where the
         # remembered one did, and the rest is in the state it was in there.
-        added = _canonical_value(b"[0" + raw[cut:end] + b"]", nested=1)
+        added = canonical_value(b"[0" + raw[cut:end] + b"]", nested=1)
         if isinstance(added, list) and added and added[0] == 0:
             return _reparsed(entry, k, raw, cut, added[1:], entry.after, end - cut)
     if max_fresh is not None and len(raw) - cut > max_fresh:
         raise _TooFresh
     if len(raw) - cut >= SLICED_BYTES:
         return None  # a huge new part is parsed in slices, as a whole body would be
-    tail = _canonical_value(_OPEN + raw[cut:])
+    tail = canonical_value(_OPEN + raw[cut:])
     if not isinstance(tail, dict):
         return None
     members = iter(tail.items())
@@ -289,27 +289,6 @@ def _with_rest(
     if any(name in names for name, _ in after):
         return None  # a member the part before the cut has: parse it whole
     return _reparsed(entry, k, raw, cut, added[1:], after, len(raw) - cut)
-
-
-def _canonical_value(text: bytes, nested: int = 0) -> Any:
-    """``text``'s value when orjson writes it back byte for byte and, ``nested`` levels
-    deeper in the body, it lies within the proxy's depth (one write of it inside as many
-    arrays: ``validation.written_within``), else None: parsed whole, the body gets the
-    verdict a whole parse gives."""
-    if len(text) >= SLICED_BYTES:
-        return None
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return None
-    limit = MAX_DEPTH - nested
-    written = written_within(value, limit)
-    if written is None:
-        return None  # deeper than the proxy allows, or a value orjson cannot write
-    levels = WRITABLE_LEVELS - limit
-    if written != b"[" * levels + text + b"]" * levels:
-        return None  # a member repeated, or not written as orjson writes it
-    return value
 
 
 def _reparsed(
@@ -332,7 +311,8 @@ def _reparsed(
         at += len(orjson.dumps(item))
         cuts.append(at)
         at += 1
-    new = _entry(entry.name, raw, cuts[-BACK_CUTS:], entry.head, items, after)
+    prefix = byteruns.extended(entry.prefix, cut, raw[cut : cuts[-1]])  # (nothing big copied)
+    new = _entry(entry.name, raw, cuts[-BACK_CUTS:], entry.head, items, after, prefix)
     return Reparsed(body, k, new, entry, fresh)
 
 
@@ -388,13 +368,15 @@ def _entry(
     head: tuple[tuple[str, Any], ...],
     items: list[Any],
     after: tuple[tuple[str, Any], ...],
+    prefix: Run | None = None,
 ) -> Remembered:
-    """``raw`` remembered: its bytes up to its last cut and after, and ``_QUICK`` bytes before
-    each cut (a lookup rules a body out with them without copying anything)."""
+    """``raw`` remembered: its bytes up to its last cut (``prefix`` when known, in pieces)
+    and after, and ``_QUICK`` bytes before each cut (a lookup rules a body out with them
+    without copying anything)."""
     cuts = [cut for cut in cuts if cut >= FIRST_PROBE]  # (at or after the first probe)
     last = cuts[-1]
     quick = tuple(raw[cut - _QUICK : cut] for cut in cuts)
     probe = 1 << (cuts[0].bit_length() - 1)  # (PROBES are the powers of two from 256)
     key = (probe, raw[probe - _QUICK : probe])
-    prefix, rest = raw[:last], raw[last:]
-    return Remembered(name, prefix, tuple(cuts), head, items, rest, after, quick=quick, key=key)
+    run = prefix if prefix is not None else (raw[:last],)
+    return Remembered(name, run, tuple(cuts), head, items, raw[last:], after, quick=quick, key=key)
