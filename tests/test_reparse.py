@@ -30,8 +30,16 @@ from proxy.config import parse_config
 from proxy.core import byteruns
 from proxy.core.fingerprint import fingerprints, prefix_chain
 from proxy.core.reparse import FIRST_PROBE, Reparser
-from proxy.core.reprint import FRESH_ON_LOOP_BYTES, NOTHING_YET, Prints, Reuse, fingerprinted
+from proxy.core.reprint import (
+    FRESH_ON_LOOP_BYTES,
+    NOTHING_YET,
+    Prints,
+    Reuse,
+    counted,
+    fingerprinted,
+)
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
+from proxy.core.tokens import TokenCounter
 from proxy.core.validation import SLICED_BYTES
 from proxy.server.app import OFFLOAD_BYTES, create_app
 from proxy.server.incoming import parse_and_validate
@@ -41,6 +49,7 @@ from tests.replay.fixtures import load_runs
 from tests.upstream import ScriptedUpstream
 
 FILLER = "lorem ipsum dolor sit amet " * 40  # ~1 KB a message
+COUNTER = TokenCounter()
 
 
 def _body(n: int, **extra: Any) -> dict[str, Any]:
@@ -74,7 +83,7 @@ def test_every_recorded_run_is_fingerprinted_as_from_scratch(render: Any, surfac
     """Through the route's parse and the surface's view, the fingerprints and chain taken
     from the body each request resends are the ones computed from scratch: every request of
     every recorded run, with the tenant changing now and then (the chain is per tenant)."""
-    taken = 0
+    taken = counts_taken = 0
     for run in load_runs():
         rp = Reparser(min_bytes=0)
         turns = run["turns"]
@@ -89,8 +98,15 @@ def test_every_recorded_run_is_fingerprinted_as_from_scratch(render: Any, surfac
             fps, chain = fingerprinted(tenant, view, reuse)
             assert fps == fingerprints(view)
             assert chain == prefix_chain(tenant, fps)
+            # The token counts too (the model changing now and then: counted afresh). The
+            # same counter: its counts are remembered by fingerprint, which leaves out cache
+            # marks, so a message first counted with one keeps that count.
+            model = ("gpt-4o", "claude-sonnet-4-5")[i // 11 % 2]
+            counts = counted(COUNTER, view, model, fps, reuse)
+            assert counts == COUNTER.count_messages(view, model, fps)
             taken += reuse.shared > 0 and reuse.earlier.offset >= 0
-    assert taken > 500
+            counts_taken += reuse.earlier.counted_as == model and reuse.shared > 0
+    assert taken > 500 and counts_taken > 300
 
 
 def test_prints_not_yet_left_or_another_head_are_computed_afresh() -> None:

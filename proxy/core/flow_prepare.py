@@ -26,7 +26,7 @@ from proxy.core.messages import Message
 from proxy.core.modelmap import context_window, provider_family
 from proxy.core.prepared import Env, Outcome, Prepared
 from proxy.core.records import CompactionRecord, conv_key
-from proxy.core.reprint import Reuse, fingerprinted
+from proxy.core.reprint import Reuse, counted, fingerprinted
 from proxy.core.stability import StabilityState
 from proxy.core.view import reviewed, view
 
@@ -92,7 +92,7 @@ def identify(env: Env, messages: list[Message], req: Request) -> Identity:
     fps, chain = fingerprinted(req.tenant, messages, req.reuse)
     conversation = conversation_id(chain, messages, req.conversation_header)
     earlier = earlier_conversation_id(chain, messages, req.conversation_header)
-    counts = env.counter.count_messages(messages, req.model, fps)
+    counts = counted(env.counter, messages, req.model, fps, req.reuse)
     return Identity(fps, chain, conversation, earlier, counts)
 
 

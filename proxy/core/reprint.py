@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from proxy.core.fingerprint import extend_chain, fingerprints, prefix_chain
 from proxy.core.messages import Message
+from proxy.core.tokens import TokenCounter
 
 
 @dataclass
@@ -28,6 +29,10 @@ class Prints:
     offset: int = -1
     fps: list[bytes] = field(default_factory=list)
     chain: list[bytes] = field(default_factory=list)
+    # Each view message's token count for ``counted_as`` (``counted``): looked up per
+    # message, they were ~6 % of a 2,000-message request's CPU.
+    counts: list[int] = field(default_factory=list)
+    counted_as: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,3 +98,32 @@ def fingerprinted(
     mine = reuse.mine
     mine.tenant, mine.offset, mine.fps, mine.chain = tenant, offset, list(fps), list(chain)
     return fps, chain
+
+
+def counted(
+    counter: TokenCounter,
+    messages: list[Message],
+    model: str,
+    fps: list[bytes],
+    reuse: Reuse | None,
+) -> list[int]:
+    """Each view message's token count for ``model`` (``TokenCounter.count_messages``),
+    taking the earlier body's counts for the history elements the two share (the same
+    values, counted for the same model). Leaves them in ``reuse.mine`` for the next."""
+    offset = len(messages) - reuse.elements if reuse is not None else -1
+    if reuse is None or offset < 0:
+        return counter.count_messages(messages, model, fps)
+    earlier, shared = reuse.earlier, reuse.shared
+    taken: list[int] = []
+    if earlier.counted_as == model and earlier.offset >= 0 and shared:
+        taken = earlier.counts[earlier.offset : earlier.offset + shared]
+    if shared and len(taken) == shared:
+        counts = counter.count_messages(messages[:offset], model, fps[:offset])
+        counts += taken
+        at = offset + shared
+        counts += counter.count_messages(messages[at:], model, fps[at:])
+    else:
+        counts = counter.count_messages(messages, model, fps)
+    mine = reuse.mine
+    mine.counts, mine.counted_as = list(counts), model
+    return counts
