@@ -42,15 +42,14 @@ from bench.agent_body import agent_body
 from bench.overhead import (
     MEASURE_COMPACTION,
     ROOT,
-    SEED_COMPACTION,
     FastUpstream,
     Profile,
     _wait_http,
-    check,
     load,
+    seed_records,
 )
 from bench.servers import FloorRelay, process_tree, request_body, settle
-from tests.proxyproc import ProxyProcess, cli_path, free_port
+from tests.proxyproc import cli_path, free_port
 
 KEY = "sk-bench-cpu"
 AGENT = "agent"  # ``bench.agent_body``'s request: 53 messages, 24 tools, a 5.6 KB system prompt
@@ -119,20 +118,6 @@ def bodies_of(history: int | str, stream: bool, conversations: int, work: Path) 
     return paths
 
 
-def seed_compactions(work: Path, upstream: str, sizes: tuple[int, ...]) -> Path:
-    """A store holding one compaction of each ``sizes``-message body (``KEY``'s tenant),
-    made through the product as ``bench.overhead.seed_records`` makes them."""
-    store = work / "seeded-store"
-    tmp = work / "seeding"
-    tmp.mkdir(parents=True, exist_ok=True)
-    with ProxyProcess(
-        tmp, upstream, store={"url": f"diskcache://{store}"}, compaction=SEED_COMPACTION
-    ) as proxy:
-        for n in sizes:
-            check(proxy.port, request_body(n, stream=False), KEY, "summarize")
-    return store
-
-
 def load_many(
     port: int, paths: list[Path], concurrency: int, profile: Profile, watch: tuple[int, ...]
 ) -> dict[str, Any]:
@@ -166,7 +151,9 @@ def run(
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-ab-"))
     upstream = FastUpstream(work / "upstream.log").start()
-    seed = seed_compactions(work, upstream.base_url, subst) if subst else None
+    seed = work / "seeded-store" if subst else None
+    if seed is not None:  # the compactions every tree starts from
+        seed_records(work, upstream, subst, seed, key=KEY)
     servers: list[Tree | FloorRelay] = [
         Tree(name, root, work, upstream.base_url, seed) for name, root in trees.items()
     ]

@@ -37,7 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -411,17 +411,24 @@ def server_for(
         server.stop()
 
 
-def seed_records(work: Path, upstream: FastUpstream, profile: Profile, store: Path) -> list[Any]:
-    """Compact each substitution history once, through the product, into ``store``."""
+def seed_records(
+    work: Path,
+    upstream: FastUpstream,
+    sizes: Iterable[int],
+    store: Path,
+    key: str = SUBST_KEY,
+) -> list[Any]:
+    """Compact the ``n``-message history of each of ``sizes`` once, through the product,
+    into ``store`` (``key``'s tenant)."""
     tmp = work / "seeding"
     tmp.mkdir(parents=True, exist_ok=True)
     seeded = []
     with ProxyProcess(
         tmp, upstream.base_url, store={"url": f"diskcache://{store}"}, compaction=SEED_COMPACTION
     ) as proxy:
-        for n in profile.sizes:
+        for n in sizes:
             body = request_body(n, stream=False)
-            seeded.append({"history": n, **check(proxy.port, body, SUBST_KEY, "summarize")})
+            seeded.append({"history": n, **check(proxy.port, body, key, "summarize")})
     return seeded
 
 
@@ -435,7 +442,7 @@ def run(
     upstream = FastUpstream(work / "upstream.log").start()
     try:
         store = work / "seeded-store"
-        seeded = seed_records(work, upstream, profile, store)
+        seeded = seed_records(work, upstream, profile.sizes, store)
         print(f"seeded {len(seeded)} compaction records", file=log)
         bodies: dict[tuple[int, bool], Path] = {}
         for target in targets(profile, litellm):
