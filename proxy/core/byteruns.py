@@ -15,10 +15,6 @@ Run = tuple[bytes, ...]
 MAX_PIECES = 32
 
 
-def length(run: Run) -> int:
-    return sum(len(piece) for piece in run)
-
-
 def starts_with(raw: bytes, run: Run, upto: int) -> bool:
     """Whether ``raw`` starts with the run's first ``upto`` bytes (all of them at most)."""
     at = 0

@@ -12,10 +12,13 @@ it leaves its own. Pure.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from proxy.core.fingerprint import extend_chain, fingerprints, prefix_chain
 from proxy.core.messages import Message
 from proxy.core.tokens import TokenCounter
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -84,8 +87,8 @@ def fingerprinted(
     earlier, shared = reuse.earlier, reuse.shared
     fps = fingerprints(messages[:offset])
     same_head = earlier.offset == offset and earlier.fps[:offset] == fps
-    taken = earlier.fps[earlier.offset : earlier.offset + shared] if earlier.offset >= 0 else []
-    if len(taken) == shared:
+    taken = _taken(earlier.fps, earlier, shared)
+    if taken is not None:
         fps += taken
         fps += fingerprints(messages[offset + shared :])
     else:
@@ -114,10 +117,8 @@ def counted(
     if reuse is None or offset < 0:
         return counter.count_messages(messages, model, fps)
     earlier, shared = reuse.earlier, reuse.shared
-    taken: list[int] = []
-    if earlier.counted_as == model and earlier.offset >= 0 and shared:
-        taken = earlier.counts[earlier.offset : earlier.offset + shared]
-    if shared and len(taken) == shared:
+    taken = _taken(earlier.counts, earlier, shared) if earlier.counted_as == model else None
+    if taken is not None:
         counts = counter.count_messages(messages[:offset], model, fps[:offset])
         counts += taken
         at = offset + shared
@@ -127,3 +128,10 @@ def counted(
     mine = reuse.mine
     mine.counts, mine.counted_as = list(counts), model
     return counts
+
+
+def _taken(values: list[T], earlier: Prints, shared: int) -> list[T] | None:
+    """``earlier``'s ``values`` (one per view message) of the ``shared`` history elements,
+    when it has them all (not yet left, or left for fewer: None)."""
+    taken = values[earlier.offset : earlier.offset + shared] if earlier.offset >= 0 else []
+    return taken if len(taken) == shared else None
