@@ -335,6 +335,15 @@ def test_a_new_part_over_max_fresh_is_left_to_the_caller_and_is_no_miss() -> Non
     found = rp.parse(raw, "messages")
     assert found is not None and found.body == other and found.fresh == rest
     assert rp.parse(raw, "messages", max_fresh=rest - 1) is None
+    # A body that extends none, looked up on the loop and again where it is parsed whole:
+    # one miss.
+    unrelated = _body(12)
+    unrelated["messages"][0]["content"] = "Another conversation. " + FILLER
+    raw = orjson.dumps(unrelated)
+    missed = rp._missed
+    assert rp.parse(raw, "messages", max_fresh=1 << 20) is None
+    assert rp.parse(raw, "messages") is None
+    assert rp._missed == missed + 1
 
 
 def test_identifying_on_the_loop_takes_a_small_new_part_and_the_earlier_prints() -> None:

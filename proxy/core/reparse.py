@@ -134,8 +134,9 @@ class Reparser:
 
     def parse(self, raw: bytes, name: str, max_fresh: int | None = None) -> Reparsed | None:
         """``raw``'s value from a remembered body it extends, or None (parse it whole).
-        ``max_fresh``: None as well when more than that many bytes would be parsed (the
-        caller parses it elsewhere, where this is done again: it is not a miss)."""
+        ``max_fresh``: None as well when more than that many bytes would be parsed; the
+        caller then parses the body elsewhere, where this is done again, so nothing found
+        here is not counted as a miss (it is there)."""
         if len(raw) < self.min_bytes:
             return None
         compares = [_COMPARES]  # full comparisons this lookup may still make
@@ -157,8 +158,9 @@ class Reparser:
                         break  # (bodies alike but for a few bytes: no more full compares)
             if compares[0] <= 0:
                 break
-        with self._lock:
-            self._missed += 1
+        if max_fresh is None:
+            with self._lock:
+                self._missed += 1
         return None
 
     def accept(self, found: Reparsed) -> None:
