@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from proxy.core.sharedcall import MARK as SHARED_MARK
 from tests.strict import check_chat, check_messages, check_responses
 
 PURPOSE_HEADER = "x-compaction-purpose"
@@ -79,6 +80,15 @@ def message_text(message: dict) -> str:
     return ""
 
 
+def all_text(message: dict) -> str:
+    """Every text of a message, an Anthropic tool result's and a Responses item's too."""
+    content = message.get("content", message.get("output"))
+    if isinstance(content, list):
+        return "\n".join(all_text(p) if "content" in p else str(p.get("text", ""))
+                         for p in content if isinstance(p, dict))  # fmt: skip
+    return content if isinstance(content, str) else ""
+
+
 def filler_sentence(n: int, words: int = 40) -> str:
     rng = random.Random(f"filler:{n}")
     return " ".join(rng.choice(_FILLER_WORDS) for _ in range(words)).capitalize() + "."
@@ -109,8 +119,13 @@ def default_detector(request_json: dict) -> str:
 def default_summarizer(request_json: dict) -> str:
     """Extractive: keep only the FACT lines/sentences of the transcript, so a test can
     check which facts survive successive compactions without a real model."""
-    users = [m for m in request_json.get("messages") or [] if m.get("role") == "user"]
+    messages = request_json.get("messages") or []
+    users = [m for m in messages if m.get("role") == "user"]
     transcript = message_text(users[-1]) if users else ""
+    if SHARED_MARK in transcript:
+        # The summarizer call in the client's shape: the conversation itself, then the ask.
+        whole = "\n".join(all_text(m) for m in messages)
+        transcript = whole.partition(SHARED_MARK)[0]
     facts: list[str] = []
     for line in transcript.splitlines():
         for sentence in re.split(r"(?<=[.!?])\s+", line):
@@ -274,6 +289,12 @@ class ScriptedUpstream:
                 if r.path == "/v1/chat/completions" and r.purpose == purpose
             ]
 
+    def summarizer_calls(self) -> list[Recorded]:
+        """The proxy's summarizer calls on any route: the standalone ones (chat completions)
+        and those in the client's own shape (``proxy.core.sharedcall``)."""
+        with self._lock:
+            return [r for r in self.requests if r.purpose == "summarizer"]
+
     def clear(self) -> None:
         with self._lock:
             self.requests.clear()
@@ -361,6 +382,22 @@ class ScriptedUpstream:
         tokens = int(best / len(serial) * prompt_tokens)
         return 0 if tokens < CACHE_MIN_TOKENS else tokens // CACHE_GRANULE * CACHE_GRANULE
 
+    async def _scripted(self, rec: Recorded, chat_body: dict) -> str | Response:
+        """The detector's or summarizer's text for a call of the proxy's own (its mode
+        applied), or the error response the mode asks for."""
+        assert rec.purpose is not None
+        mode = self.detector_mode if rec.purpose == "detector" else self.summarizer_mode
+        if mode == "error500":
+            return JSONResponse(error_body(500, f"{rec.purpose} exploded"), status_code=500)
+        if mode == "slow":
+            await self._sleep(self.slow_seconds)
+        if mode == "garbage":
+            return "lol not json at all"
+        if mode == "empty":
+            return ""
+        fn = self.detector if rec.purpose == "detector" else self.summarizer
+        return fn(chat_body)
+
     # ------------------------------------------------------------------ handlers
     async def _chat(self, request: Request, rec: Recorded) -> Response:
         body = rec.json
@@ -370,20 +407,12 @@ class ScriptedUpstream:
         if (rejected := self._rejected(rec, self._check(check_chat(body), body))) is not None:
             return rejected
         if rec.purpose in ("detector", "summarizer"):
-            mode = self.detector_mode if rec.purpose == "detector" else self.summarizer_mode
-            if mode == "error500":
-                return JSONResponse(error_body(500, f"{rec.purpose} exploded"), status_code=500)
-            if mode == "slow":
-                await self._sleep(self.slow_seconds)
-            if mode == "garbage":
-                text = "lol not json at all"
-            elif mode == "empty":
-                text = ""
-            else:
-                fn = self.detector if rec.purpose == "detector" else self.summarizer
-                text = fn(body)
+            text = await self._scripted(rec, body)
+            if isinstance(text, Response):
+                return text
             message: dict = {"role": "assistant", "content": text}
-            cached = 0
+            # The summarizer call in the client's shape reads the conversation's cache.
+            cached = None if SHARED_MARK in orjson.dumps(messages[-1:]).decode() else 0
         else:
             if self.error_mode == "malformed":
                 return Response(
@@ -460,7 +489,14 @@ class ScriptedUpstream:
         if (rejected := self._rejected(rec, reason, anthropic=True)) is not None:
             return rejected
         as_openai = [{"role": m.get("role"), "content": m.get("content")} for m in body["messages"]]
-        reply = self.reply({"messages": as_openai})
+        if rec.purpose in ("detector", "summarizer"):
+            # The summarizer call in the client's shape (proxy.core.sharedcall).
+            text = await self._scripted(rec, {"messages": as_openai})
+            if isinstance(text, Response):
+                return text
+            reply: dict = {"role": "assistant", "content": text}
+        else:
+            reply = self.reply({"messages": as_openai})
         blocks: list[dict] = []
         if reply.get("reasoning"):
             blocks.append(
@@ -545,7 +581,14 @@ class ScriptedUpstream:
                 as_chat.append({"role": "assistant", "content": None})
             else:
                 as_chat.append({"role": item.get("role"), "content": item.get("content")})
-        reply = self.reply({"messages": as_chat})
+        if rec.purpose in ("detector", "summarizer"):
+            # The summarizer call in the client's shape (proxy.core.sharedcall).
+            text = await self._scripted(rec, {"messages": as_chat})
+            if isinstance(text, Response):
+                return text
+            reply: dict = {"role": "assistant", "content": text}
+        else:
+            reply = self.reply({"messages": as_chat})
         n = self._next_id()[-6:]
         output: list[dict] = []
         if reply.get("reasoning"):

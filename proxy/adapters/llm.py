@@ -21,6 +21,7 @@ import orjson
 from proxy.adapters.reach import classify, safe_url
 from proxy.core.errors import CompactionFailed
 from proxy.core.messages import Message
+from proxy.core.sharedcall import SharedCall, SharedReply, reply_of
 
 log = logging.getLogger("compaction_proxy.llm")
 
@@ -168,6 +169,36 @@ class HttpLLM:
         if not isinstance(body, dict):
             raise CompactionFailed(f"{purpose} reply is not an object")
         return reply_from(body, model)
+
+    async def shared(self, call: SharedCall, body: dict[str, Any], *, purpose: str) -> SharedReply:
+        """A call in the client's own shape to the upstream, with the headers the client's
+        request was forwarded with (``proxy.core.sharedcall``): never to
+        ``summary_base_url``, whose cache is not the conversation's."""
+        headers = [(k, v) for k, v in call.headers if k.lower() != b"x-compaction-purpose"]
+        headers.append((b"x-compaction-purpose", purpose.encode()))
+        for name, value in (TRACE_HEADERS.get() or {}).items():
+            headers.append((name.encode(), value.encode()))
+        model = str(body.get("model", ""))
+        try:
+            async with asyncio.timeout(self._timeout):
+                response = await self._client.post(
+                    call.url, content=orjson.dumps(body), headers=headers, timeout=self._timeout
+                )
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            raise CompactionFailed(f"{purpose} timed out") from exc
+        except httpx.HTTPError as exc:
+            why = f"{safe_url(call.url)} unreachable: {classify(exc, call.url).reason}"
+            raise CompactionFailed(f"{purpose}: {why}") from exc
+        if response.status_code != 200:
+            raise CompactionFailed(f"{purpose} upstream status {response.status_code}")
+        try:
+            answer = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise CompactionFailed(f"{purpose} reply is not JSON") from exc
+        reply = reply_of(call, answer, model)
+        if reply is None:
+            raise CompactionFailed(f"{purpose} reply is not a {call.surface.name} answer")
+        return reply
 
 
 async def _litellm_complete(

@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 from proxy.core.messages import Message
 from proxy.core.prepared import Outcome, Prepared
 from proxy.core.records import CompactionRecord
+from proxy.core.sharedcall import SharedCall
 from proxy.core.types import Event, QualityEvent
 
 T = TypeVar("T")
@@ -64,6 +65,17 @@ class Complete:
 
 
 @dataclass(frozen=True)
+class CompleteShared:
+    """One summarizer call in the client's own shape, reading the conversation's cache
+    (``proxy.core.sharedcall``). Result: a ``SharedReply``; ``CompactionFailed`` when the
+    call fails or its answer is not of the surface's shape."""
+
+    call: SharedCall
+    body: dict[str, Any]
+    purpose: str  # "summarizer"
+
+
+@dataclass(frozen=True)
 class Persist:
     """Store a new compaction record, its checkpoint and the ledger's charge for it."""
 
@@ -107,12 +119,15 @@ class Remember:
     value: Any
 
 
-Command = Read | Compute | Complete | Persist | Cooldown | Emit | CompactNow | Remember
+Command = (
+    Read | Compute | Complete | CompleteShared | Persist | Cooldown | Emit | CompactNow | Remember
+)
 Flow = Generator[Command, Any, T]
 __all__ = [
     "Command",
     "CompactNow",
     "Complete",
+    "CompleteShared",
     "Compute",
     "Cooldown",
     "Emit",

@@ -13,13 +13,35 @@ from __future__ import annotations
 import logging
 import time
 
-from proxy.core import candidates, costs, detector, keyfacts, lossreport, planner, summarizer
-from proxy.core.commands import Complete, Cooldown, Emit, Flow, Persist, Read, Reply
+from proxy.core import (
+    billing,
+    candidates,
+    costs,
+    detector,
+    keyfacts,
+    lossreport,
+    planner,
+    sharedcall,
+    summarizer,
+    timing,
+)
+from proxy.core.commands import (
+    Complete,
+    CompleteShared,
+    Cooldown,
+    Emit,
+    Flow,
+    Persist,
+    Read,
+    Reply,
+)
 from proxy.core.errors import CompactionFailed, StoreError
 from proxy.core.lookup import lookup
+from proxy.core.messages import Message, render
 from proxy.core.modelmap import context_window
 from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
 from proxy.core.records import CompactionRecord, conv_key
+from proxy.core.sharedcall import SharedCall
 from proxy.core.types import Case, CompactionEvent, DetectorFailedEvent, Event, FailureEvent
 
 log = logging.getLogger("compaction_proxy.compactor")
@@ -148,6 +170,10 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
             case, cut = Case.SUMMARIZE, plan.verbatim_start
     if case == Case.SUMMARIZE:
         span = unpinned(fwd, candidates.pins_for(env, p, body, cut), body, cut)
+        call = shared_call(env, p, span)
+        if call is not None:
+            text = yield from shared_summary(env, p, call, span, cut, earlier, spent)
+    if case == Case.SUMMARIZE and text is None:
         model = s.summary_model or p.llm_model or p.model
         steps = summarizer.summarize(
             env.prompts.summarizer,
@@ -173,6 +199,66 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
     return candidates.verdict(env, p, built)
 
 
+def shared_call(env: Env, p: Prepared, span: list[Message]) -> SharedCall | None:
+    """The summarizer call in the client's shape (``proxy.core.sharedcall``), when the
+    settings, the request and (``auto``) the prices call for it. Only where the calls go to
+    the upstream with the request's own model: another model or endpoint has another cache."""
+    s = env.settings
+    call = p.shared
+    if call is None or p.llm_model != p.model or not sharedcall.usable(call):
+        return None
+    if not timing.shares_cache(s, p.model, None, shared=True):
+        return None
+    if s.summary_reads_cache == "auto":
+        # Warm: the conversation's last request was just forwarded (a background compaction)
+        # or the cost policy found its cache warm; a cold one was dropped (flow_prepare).
+        rules = billing.rules_for(p.model, s)
+        prices = costs.prices_for(p.model)
+        if not prices.known or not rules.caches:
+            return None
+        cached = billing.cached_prefix(rules, p.forwarded_tokens, 0.0)
+        span_tokens = env.counter.count_total(span, p.model)
+        if not sharedcall.cheaper(prices, prices, forwarded_tokens=p.forwarded_tokens,
+                                  cached_tokens=cached, span_tokens=span_tokens):  # fmt: skip
+            return None
+    return call
+
+
+def shared_summary(
+    env: Env,
+    p: Prepared,
+    call: SharedCall,
+    span: list[Message],
+    cut: int,
+    earlier: str | None,
+    spent: Spent,
+) -> Flow[str | None]:
+    """The checked summary from a call in the client's shape, or None (then the standalone
+    summarizer is asked: a failed or rejected answer here costs one more call, not the
+    compaction)."""
+    s = env.settings
+    budget = summarizer.target_tokens(s.summary_budget_tokens)
+    ask = sharedcall.instruction(env.prompts.summarizer, budget, p.forwarded[cut:])
+    history = sharedcall.cache_marked(call, p.forwarded, p.outside_cache_marks)
+    view = [*history, {"role": "user", "content": ask}]
+    body = sharedcall.request_body(call, view, s.summary_budget_tokens)
+    try:
+        reply = yield CompleteShared(call, body, "summarizer")
+    except CompactionFailed as exc:
+        log.info("shared summarizer call failed", extra={"error": str(exc)})
+        return None
+    spent.add(reply)
+    whole = "\n\n".join(render(m) for m in span)
+    try:
+        return summarizer.accept(
+            reply.text, reply.finish_reason, span_text=f"{earlier or ''}\n\n{whole}",
+            prompt=ask, max_chars=s.summary_budget_tokens * 4,
+        )  # fmt: skip
+    except summarizer.SummaryRejected as exc:
+        log.info("shared summarizer answer rejected", extra={"error": str(exc)})
+        return None
+
+
 class Spent:
     """What the detector and summarizer calls of one attempt cost."""
 
@@ -183,7 +269,12 @@ class Spent:
     def add(self, reply: Reply) -> None:
         self.tokens += reply.prompt_tokens + reply.completion_tokens
         prices = costs.prices_for(reply.model)
-        self.usd += costs.llm_cost(prices, reply.prompt_tokens, reply.completion_tokens)
+        # A call in the client's shape reads part of its input from the cache (and may
+        # write some): priced as billed.
+        cached = getattr(reply, "cached_tokens", 0)
+        written = getattr(reply, "written_tokens", 0)
+        self.usd += costs.input_cost(prices, reply.prompt_tokens, cached, written)
+        self.usd += reply.completion_tokens * prices.output
 
 
 def persist(p: Prepared, outcome: Outcome) -> Flow[Outcome]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from proxy.core import candidates, planner, stability, timing
+from proxy.core import candidates, planner, sharedcall, stability, timing
 from proxy.core.behaviour import LoopBreak, observe
 from proxy.core.commands import CompactNow, Compute, Flow, Read
 from proxy.core.controls import Controls, sampled
@@ -27,6 +27,7 @@ from proxy.core.modelmap import context_window, provider_family
 from proxy.core.prepared import Env, Outcome, Prepared
 from proxy.core.records import CompactionRecord, conv_key
 from proxy.core.reprint import Reuse, counted, fingerprinted
+from proxy.core.sharedcall import SharedCall
 from proxy.core.stability import StabilityState
 from proxy.core.view import reviewed, view
 
@@ -61,6 +62,8 @@ class Request:
     now: float | None = None
     # What the body it resends left: the shared messages' fingerprints (``reprint``).
     reuse: Reuse | None = None
+    # The summarizer call that reads this conversation's cache, if the front door can make it.
+    shared: SharedCall | None = None
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,7 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         reserve_tokens=req.reserve_tokens,
         earlier_conversation=ident.earlier,
         outside_cache_marks=req.outside_cache_marks,
+        shared=req.shared,
     )
     if state.paused and not bypass:
         controls = Controls("compaction paused for this conversation", "opt-out")
@@ -196,6 +200,9 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
             cooling_down=state.cooling, pays=t.pays, cold=t.cold, hold_reason=t.reason,
             shadow=controls.shadow, skip_reason=controls.skip, too_soon=soon,
         )  # fmt: skip
+        if t.cold and p.shared is not None and s.summary_reads_cache == "auto":
+            # Nothing of it is cached: the standalone call reads less.
+            return p.but(decision=decision, shared=None)
         return p.but(decision=decision)
 
     p = decide(p)
@@ -276,6 +283,7 @@ def judge(
         env.settings, p.model, forwarded_tokens=p.forwarded_tokens,
         head_tokens=sum(p.forwarded_counts[: p.head_len]), meta=meta, now=now,
         after=after, llm=llm, llm_model=env.settings.summary_model,
+        shared=p.shared is not None and sharedcall.usable(p.shared),
     )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from proxy.core import layout, planner
 from proxy.core.messages import Message, head_length
 from proxy.core.records import CompactionRecord, KnownRecords, body_start
 from proxy.core.settings import CompactionSettings
+from proxy.core.sharedcall import SharedCall
 from proxy.core.stability import StabilityState, TierThresholds
 from proxy.core.tokens import TokenCounter
 from proxy.core.types import Case, CaseName
@@ -90,6 +91,9 @@ class Prepared:
     too_long: bool = False
     # Tool calls (behaviour.identity) whose latest result pruning keeps: the loop breaker's.
     keep_results: frozenset[str] = frozenset()
+    # The summarizer call that reads the conversation's own cache (``proxy.core.sharedcall``),
+    # when the front door can make it.
+    shared: SharedCall | None = None
 
     @property
     def as_sent(self) -> bool:

@@ -70,6 +70,11 @@ class CompactionSettings:
     # llama.cpp server), with its own key; null: the upstream, with the client's key.
     summary_base_url: str | None = None
     summary_api_key: str | None = None
+    # The summarizer call in the client's own shape, reading the conversation's prompt cache
+    # (``proxy.core.sharedcall``): "auto" when it costs less than the standalone call at the
+    # model's prices (on Anthropic's, nearly always), "on" whenever the request allows it,
+    # "off" never. Only where the calls go to the upstream with the request's model.
+    summary_reads_cache: Literal["auto", "on", "off"] = "auto"
     # Pinned content (DESIGN §10): never summarized or pruned, forwarded in place.
     pin_first_user: bool = True
     pin_patterns: tuple[str, ...] = ()

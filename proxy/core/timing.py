@@ -79,6 +79,15 @@ def too_soon(
     return None
 
 
+def shares_cache(s: CompactionSettings, model: str, llm_model: str | None, shared: bool) -> bool:
+    """Whether a summary may come from the call in the client's shape: the front door can
+    make it (``shared``), the settings allow it, and the calls go to the upstream with the
+    request's own model (another model or endpoint has another cache)."""
+    if not shared or s.summary_reads_cache == "off" or s.summary_base_url:
+        return False
+    return s.summary_model in (None, model) and llm_model in (None, model)
+
+
 def expected_after(s: CompactionSettings, head_tokens: int, forwarded_tokens: int) -> int:
     """What an LLM compaction is expected to leave: the head, the verbatim window and the
     summary, at most ``compact_to_share`` of the trigger (the cut moves later otherwise)."""
@@ -97,6 +106,7 @@ def judge(
     after: int | None = None,
     llm: bool = True,
     llm_model: str | None = None,
+    shared: bool = False,
 ) -> Timing:
     """Whether compacting ``forwarded_tokens`` of ``model`` now pays (``policy: cost``).
 
@@ -115,6 +125,17 @@ def judge(
     span = max(forwarded_tokens - remaining, 0)
     window = s.detector_window_messages * s.detector_chars_per_message // 4
     llm_in = span + min(forwarded_tokens, window) + 2 * _PROMPT_TOKENS if llm else 0
+    if llm and not cold and shares_cache(s, model, llm_model, shared):
+        # The summarizer call in the client's shape (``proxy.core.sharedcall``) reads the
+        # history from the cache instead of the span uncached: priced as the equivalent
+        # input tokens, when cheaper (``auto``) or always (``on``).
+        prices = billing.prices_for(model)
+        if prices.known:
+            ratio = prices.cache_read / prices.input
+            as_shared = int(forwarded_tokens * ratio) + min(forwarded_tokens, window)
+            as_shared += 2 * _PROMPT_TOKENS
+            if s.summary_reads_cache == "on" or as_shared < llm_in:
+                llm_in = as_shared
     llm_out = s.summary_budget_tokens + 200 if llm else 0
     # The next ones, conservatively: if now is a uniform point of a session's life, one that
     # has lasted n requests lasts at least n/9 more with 90% confidence; at most the configured

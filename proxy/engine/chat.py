@@ -24,6 +24,7 @@ from proxy.adapters.upstreamcall import UpstreamRequest
 from proxy.core.fingerprint import tenant_id
 from proxy.core.headers import compaction_headers
 from proxy.core.reprint import Reuse
+from proxy.core.sharedcall import SharedCall
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, Surface
 from proxy.core.tokens import TokenCounter
 from proxy.engine.incoming import Incoming
@@ -76,9 +77,19 @@ async def outgoing(service: Service, forwarder: Forwarder, req: ChatRequest) -> 
     to forward. Raises ``ContextTooLong`` for a request that does not fit even compacted."""
     surface, body, config = req.surface, req.body, service.config
     counter = service.compactor.counter
+    headers = upstream_pairs(
+        req.raw_headers,
+        config.upstream.api_key,
+        drop=_DROPPED,
+        key_header="x-api-key" if surface is ANTHROPIC_MESSAGES else "authorization",
+    )
+    set_pair(headers, "content-type", "application/json")
+    url = chat_url(config.upstream.base_url, surface.path)
+    # The summarizer call in the client's shape, should this request's compaction summarize.
+    shared = SharedCall(surface, body, url_text(url), tuple(headers))
     call = await service.begin(
         surface.name,
-        lambda: describe(req.headers, surface, body, counter, req.big, req.reuse),
+        lambda: describe(req.headers, surface, body, counter, req.big, req.reuse, shared),
         started=req.started,
     )
     prepared = call.prepared
@@ -100,16 +111,8 @@ async def outgoing(service: Service, forwarder: Forwarder, req: ChatRequest) -> 
             out["stream_options"] = {**(options or {}), "include_usage": True}
             drop_usage = True
     payload = req.raw if out is body else orjson.dumps(out)
-    headers = upstream_pairs(
-        req.raw_headers,
-        config.upstream.api_key,
-        drop=_DROPPED,
-        key_header="x-api-key" if surface is ANTHROPIC_MESSAGES else "authorization",
-    )
-    set_pair(headers, "content-type", "application/json")
     for name, value in call.trace_headers().items():  # traced: the upstream joins its trace
         set_pair(headers, name, value)
-    url = chat_url(config.upstream.base_url, surface.path)
     request = forwarder.request("POST", url, payload, headers)
     changed = prepared is not None and prepared.changed
     call.forwarding()
@@ -125,6 +128,12 @@ def chat_url(base_url: str, path: str) -> httpx.URL:
     of a route, and building it (parse, dot-segment check, parse again) was ~4 % of the
     worker's CPU under load (#28)."""
     return upstream_url(base_url, path, "")
+
+
+@functools.lru_cache(maxsize=16)
+def url_text(url: httpx.URL) -> str:
+    """A route's upstream URL as text, made once."""
+    return str(url)
 
 
 class WrittenOnce:
@@ -186,6 +195,7 @@ def describe(
     counter: TokenCounter,
     big: bool,
     reuse: Reuse | None = None,
+    shared: SharedCall | None = None,
 ) -> Incoming:
     """The validated request as the service sees it (the surface's neutral view)."""
     credential = credential_of(headers)
@@ -209,4 +219,5 @@ def describe(
         traceparent=headers.get("traceparent"),
         tracestate=headers.get("tracestate"),
         reuse=reuse,
+        shared=shared,
     )

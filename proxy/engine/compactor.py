@@ -25,6 +25,7 @@ from proxy.core.commands import (
     Command,
     CompactNow,
     Complete,
+    CompleteShared,
     Compute,
     Cooldown,
     Emit,
@@ -40,6 +41,7 @@ from proxy.core.prepared import Env, Outcome, Prepared, Prompts, nothing
 from proxy.core.records import MAX_CHECKPOINTS, conv_key
 from proxy.core.reprint import Reuse
 from proxy.core.settings import CompactionSettings
+from proxy.core.sharedcall import SharedCall
 from proxy.core.tokens import TokenCounter
 from proxy.engine.reads import hold, read_store
 from proxy.engine.stepping import Done, advance
@@ -134,6 +136,11 @@ class Compactor:
                     purpose=command.purpose,
                     credential=command.credential,
                 )
+            case CompleteShared():
+                shared = getattr(self.llm, "shared", None)
+                if shared is None:  # (an LLM client of the hook's or a test's)
+                    raise CompactionFailed("this client makes no call in the client's shape")
+                return await shared(command.call, command.body, purpose=command.purpose)
             case Persist():
                 return await asyncio.to_thread(self._persist, command)
             case Cooldown():
@@ -205,6 +212,7 @@ class Compactor:
         reserve_tokens: int = 0,
         now: float | None = None,
         reuse: Reuse | None = None,
+        shared: SharedCall | None = None,
     ) -> Prepared:
         """Identify, substitute, count and decide; compact inline when the decision says so
         (``flow_prepare.Request`` documents the arguments; ``bypass`` is short for
@@ -226,6 +234,7 @@ class Compactor:
             reserve_tokens=reserve_tokens,
             now=time.time() if now is None else now,
             reuse=reuse,
+            shared=shared,
         )
         flow = flow_prepare.prepare(self.env, messages, request)
         return await self.run(flow, off_loop=len(messages) >= STEP_OFFLOAD_MESSAGES)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from proxy.core.messages import Message
 from proxy.core.reprint import Reuse
+from proxy.core.sharedcall import SharedCall
 
 
 @dataclass(frozen=True)
@@ -33,3 +34,5 @@ class Incoming:
     tracestate: str | None = None
     # What the body it resends left for it (``proxy.core.reparse``): shared fingerprints.
     reuse: Reuse | None = None
+    # The summarizer call that reads the conversation's cache, when this door can make it.
+    shared: SharedCall | None = None

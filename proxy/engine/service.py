@@ -157,6 +157,7 @@ class Service:
             summary_joins=incoming.summary_joins,
             reserve_tokens=incoming.reserve_tokens,
             reuse=incoming.reuse,
+            shared=incoming.shared,
         )
 
     async def send_as_sent(self, call: Call) -> bool:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -229,16 +229,29 @@ class TracedLLM:
         purpose: str,
         credential: str | None,
     ) -> Any:
+        return await self._traced(
+            model,
+            purpose,
+            lambda: self.inner.complete(
+                model, messages, max_tokens=max_tokens, purpose=purpose, credential=credential
+            ),
+        )
+
+    async def shared(self, call: Any, body: dict[str, Any], *, purpose: str) -> Any:
+        """The summarizer call in the client's shape (``HttpLLM.shared``), traced alike."""
+        return await self._traced(
+            str(body.get("model", "")),
+            purpose,
+            lambda: self.inner.shared(call, body, purpose=purpose),
+        )
+
+    async def _traced(self, model: str, purpose: str, make: Callable[[], Awaitable[Any]]) -> Any:
         span = self.tracer.llm_span(model, purpose)
         if span is None:
-            return await self.inner.complete(
-                model, messages, max_tokens=max_tokens, purpose=purpose, credential=credential
-            )
+            return await make()
         token = TRACE_HEADERS.set(_headers_of(span))  # the call's request carries its context
         try:
-            reply = await self.inner.complete(
-                model, messages, max_tokens=max_tokens, purpose=purpose, credential=credential
-            )
+            reply = await make()
         except BaseException as exc:
             safely(span.fail, type(exc).__name__)
             safely(span.set, {"error.type": type(exc).__name__})
