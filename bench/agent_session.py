@@ -41,8 +41,11 @@ import orjson
 from proxy.adapters.llm import LLMReply
 from proxy.adapters.store import DiskStore
 from proxy.config import load_prompt
+from proxy.core import billing
+from proxy.core.messages import render
 from proxy.core.prepared import Prompts
 from proxy.core.settings import CompactionSettings
+from proxy.core.sharedcall import SharedCall, SharedReply
 from proxy.core.tokens import TokenCounter
 from proxy.engine.compactor import Compactor
 
@@ -134,6 +137,43 @@ class ScriptedLLM:
     def __init__(self, summarize: Summarizer, counter: TokenCounter) -> None:
         self.summarize, self.counter = summarize, counter
         self.prompt_tokens = self.completion_tokens = self.calls = 0
+        # The summarizer calls in the client's shape (``proxy.core.sharedcall``): the replay
+        # says what the provider has cached when one is made (the tokens of the request
+        # forwarded last, how long ago, its cache rules); each call's (prompt, cached,
+        # written, completion) tokens are kept for pricing.
+        self.cache_tokens = 0
+        self.cache_idle: float | None = None
+        self.rules: billing.CacheRules | None = None
+        self.shared_calls: list[tuple[int, int, int, int]] = []
+
+    async def shared(self, call: SharedCall, body: dict[str, Any], *, purpose: str) -> SharedReply:
+        """The conversation and the ask: summarized like a transcript of the conversation;
+        its prefix up to the request forwarded last read from the cache, if warm; on
+        Anthropic, the rest of the history up to its end (a breakpoint) written."""
+        history = body["messages"][:-1]
+        # A model that follows the ask: the memory of what comes before the messages that
+        # stay. Given the span the standalone call's transcript holds (not the system prompt,
+        # not the task, which is pinned), so that the two calls differ in price only.
+        kept = re.search(r"before its last (\d+) messages", str(body["messages"][-1]["content"]))
+        older = history[: len(history) - int(kept.group(1))] if kept else history
+        older = [m for m in older if m.get("role") != "system"
+                 or render(m).startswith("SYSTEM: [History Summary - ")]  # fmt: skip
+        task = next((i for i, m in enumerate(older) if m.get("role") == "user"), None)
+        if task is not None:
+            del older[task]
+        transcript = "\n\n".join(render(m) for m in older)
+        max_tokens = int(body.get("max_tokens") or body.get("max_completion_tokens") or 500)
+        text = self.summarize(f"TRANSCRIPT ({len(history)} messages):\n{transcript}", max_tokens)
+        model = str(body.get("model") or MODEL)
+        prompt = self.counter.count_total(list(body["messages"]), model)
+        upto = self.counter.count_total(history, model)
+        rules = self.rules or billing.UNCACHED
+        cached = billing.cached_prefix(rules, min(self.cache_tokens, upto), self.cache_idle)
+        written = max(upto - cached, 0) if rules.writes_billed else 0
+        completion = self.counter.count_text(text, model)
+        self.calls += 1
+        self.shared_calls.append((prompt, cached, written, completion))
+        return SharedReply(text, "stop", prompt, completion, model, cached, written)
 
     async def complete(
         self, model: str, messages: Any, *, max_tokens: int, purpose: str, credential: Any

@@ -2,6 +2,7 @@
 
     python -m bench.economics [--smoke] [--runs DIR] [--json PATH] [--jobs N]
                               [--llm-model PROVIDER=MODEL ...]
+                              [--summary-reads-cache auto|on|off]
 
 Sessions: the synthetic 300-request agent session (``bench.agent_session``) and every recorded
 real agent run in ``tests/replay/runs/*.json`` (the neutral format; each replayed open loop in
@@ -28,7 +29,11 @@ messages, cache marks aside) with the previous request. Three ways of sending it
   continues from system + summary (Claude Code's and Codex's auto-compaction, roughly);
 - **proxy**: what the core forwards, plus its detector and summarizer calls (uncached, at
   the request's model's prices, or at ``--llm-model``'s when the deployment sets
-  ``detection_model`` / ``summary_model`` to another model).
+  ``detection_model`` / ``summary_model`` to another model). A summarizer call in the
+  client's shape (``summary_reads_cache``, ``proxy.core.sharedcall``) is the forwarded
+  history plus one ask, at the request's model's prices: the prefix of the request forwarded
+  last read from the cache while warm (a background compaction's call comes right after that
+  request), the rest of the history written (Anthropic) or read uncached.
 
 And the **floor**: the least a compaction to these settings' target can bill. Each request
 past the trigger is priced as if a compaction that cost nothing (no calls, no rewrite) had
@@ -67,6 +72,8 @@ from proxy.core import billing, costs, planner
 from proxy.core.modelmap import context_window
 from proxy.core.prepared import Prompts
 from proxy.core.settings import CompactionSettings
+from proxy.core.sharedcall import SharedCall
+from proxy.core.surfaces import OPENAI_CHAT
 from proxy.core.tokens import TokenCounter
 from proxy.engine.compactor import Compactor
 from proxy.operators import ledger
@@ -193,6 +200,9 @@ async def replay(
     target = planner.target_tokens(settings)
     aux = costs.prices_for(settings.summary_model or model)
     llm = agent_session.ScriptedLLM(agent_session.SUMMARIZERS[session.summarizer], counter)
+    llm.rules = rules
+    # The front door's summarizer call in the client's shape (the replay's: chat completions).
+    shared = SharedCall(OPENAI_CHAT, {"model": model, "messages": []}, "http://replay/", ())
     cases: dict[str, int] = {}
 
     def on_event(event: dict[str, Any]) -> None:
@@ -202,6 +212,7 @@ async def replay(
     result = Result(session.name, provider, settings.policy, settings.trigger_tokens,
                     len(session.requests), 0, 0)  # fmt: skip
     prev_fwd: list[bytes] = []
+    prev_tokens = 0
     prev_sent: list[bytes] = []
     # The client's own compaction: the history size it happened at, what replaced it, its
     # last request's size, and the prefix its first request after it shares (the head).
@@ -215,7 +226,11 @@ async def replay(
             idle = STEP_S + pause if i else None
             now += idle or 0.0
             calls_before = llm.prompt_tokens, llm.completion_tokens
-            p = await engine.prepare(history, model=model, tenant="bench", credential="k", now=now)
+            shared_before = len(llm.shared_calls)
+            # An inline compaction's call finds the previous request's prefix cached.
+            llm.cache_tokens, llm.cache_idle = prev_tokens, idle
+            p = await engine.prepare(history, model=model, tenant="bench", credential="k",
+                                     now=now, shared=shared)  # fmt: skip
             output = counter.count_message(reply, model)
             original = p.original_tokens
             result.peak_original = max(result.peak_original, original)
@@ -268,11 +283,17 @@ async def replay(
                 overhead_s=0.0, ts=now, cache_ttl_s=rules.ttl_s,
             )  # fmt: skip
             ledger.record_batch(store, [(entry, None)], None)
+            # A background compaction's call comes right after this request: all of it cached.
+            llm.cache_tokens, llm.cache_idle = p.forwarded_tokens, 0.0
+            prev_tokens = p.forwarded_tokens
             engine.schedule(p)
             await engine.drain(timeout=120)  # the agent runs its tools meanwhile
             spent_in = llm.prompt_tokens - calls_before[0]
             spent_out = llm.completion_tokens - calls_before[1]
             spent = spent_in * aux.input + spent_out * aux.output
+            # Calls in the client's shape: the request's model, its cache reads and writes.
+            for prompt, cached, written, out in llm.shared_calls[shared_before:]:
+                spent += costs.input_cost(prices, prompt, cached, written) + out * prices.output
             result.proxy.calls_usd += spent
             if fits:
                 result.proxy_fit_usd += spent
@@ -334,36 +355,41 @@ def sessions(smoke: bool, runs: Path) -> list[tuple[Session, tuple[int, ...]]]:
 
 
 def settings_for(
-    trigger: int, policy: str, provider: str, llm_model: str | None = None
-) -> CompactionSettings:
+    trigger: int, policy: str, provider: str, llm_model: str | None = None,
+    reads_cache: str = "auto",
+) -> CompactionSettings:  # fmt: skip
     """The defaults at ``trigger``. At the stress trigger the emergency bound is the model's
     context window, not twice that artificial trigger: the stress trigger stands for a
     deployment that compacts early on a large window, whose emergency bound (the default's
     2 x 24,000 included) is nowhere near a 16,000-token request. ``llm_model``: the
-    detector's and summarizer's (default: the request's), priced as that model's."""
+    detector's and summarizer's (default: the request's), priced as that model's;
+    ``reads_cache``: ``summary_reads_cache``."""
     window = context_window(PROVIDERS[provider]) or 2 * trigger
     settings = CompactionSettings(trigger_tokens=trigger, policy=policy,  # type: ignore[arg-type]
-                                  detection_model=llm_model, summary_model=llm_model)  # fmt: skip
+                                  detection_model=llm_model, summary_model=llm_model,
+                                  summary_reads_cache=reads_cache)  # type: ignore[arg-type]  # fmt: skip
     if trigger >= DEFAULT_TRIGGER:
         return settings
     return dataclasses.replace(settings, emergency_factor=window / trigger)
 
 
 def _cell(
-    session: Session, trigger: int, provider: str, policy: str, llm_model: str | None
-) -> dict[str, Any]:
-    settings = settings_for(trigger, policy, provider, llm_model)
+    session: Session, trigger: int, provider: str, policy: str, llm_model: str | None,
+    reads_cache: str = "auto",
+) -> dict[str, Any]:  # fmt: skip
+    settings = settings_for(trigger, policy, provider, llm_model, reads_cache)
     return summary(asyncio.run(replay(session, provider, settings, TokenCounter())))
 
 
 def run(smoke: bool = False, runs: Path = RUNS, policies: tuple[str, ...] = ("cost", "tokens"),
         log: Any = sys.stderr, jobs: int = 1,
-        llm_models: dict[str, str] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        llm_models: dict[str, str] | None = None,
+        reads_cache: str = "auto") -> list[dict[str, Any]]:  # fmt: skip
     """Every cell (session, trigger, provider, policy), in ``jobs`` processes (each cell is
     independent and deterministic: the order of the rows does not depend on ``jobs``).
     ``llm_models``: the detector's and summarizer's model per provider (default: the
-    request's)."""
-    cells = [(session, trigger, provider, policy, (llm_models or {}).get(provider))
+    request's); ``reads_cache``: ``summary_reads_cache`` (auto, the default, on or off)."""
+    cells = [(session, trigger, provider, policy, (llm_models or {}).get(provider), reads_cache)
              for session, triggers in sessions(smoke, runs) for trigger in triggers
              for provider in PROVIDERS for policy in policies]  # fmt: skip
     if jobs > 1:
@@ -457,6 +483,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the detector's and summarizer's model for one provider's sessions, e.g. "
         "anthropic=claude-haiku-4-5 (default: the request's model)",
     )  # fmt: skip
+    parser.add_argument(
+        "--summary-reads-cache", choices=["auto", "on", "off"], default="auto",
+        help="the summarizer call in the client's shape, reading the conversation's cache "
+        "(compaction.summary_reads_cache; off: the standalone call, as before #25's ninth stop)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     pairs = [pair.split("=", 1) for pair in args.llm_model]
     if any(len(p) != 2 or p[0] not in PROVIDERS or not costs.prices_for(p[1]).known
@@ -465,7 +496,8 @@ def main(argv: list[str] | None = None) -> int:
                      "model with known prices")  # fmt: skip
     llm_models = {provider: model for provider, model in pairs}
     results = run(args.smoke, args.runs, tuple(args.policy or ("cost", "tokens")),
-                  jobs=args.jobs, llm_models=llm_models)  # fmt: skip
+                  jobs=args.jobs, llm_models=llm_models,
+                  reads_cache=args.summary_reads_cache)  # fmt: skip
     print(markdown(results) + "\n\n" + aims_markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

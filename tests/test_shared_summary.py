@@ -18,6 +18,7 @@ from proxy.core.flow_compact import Spent
 from proxy.core.settings import CompactionSettings
 from proxy.core.sharedcall import MARK, SharedCall, SharedReply
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
+from tests.agentclients import wait_for
 from tests.checks import INLINE, assert_facts_present
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess
@@ -310,3 +311,15 @@ def test_the_cost_policy_prices_the_summary_as_cache_reads() -> None:
     other = CompactionSettings(policy="cost", summary_model="claude-haiku-4-5")
     assert not timing.shares_cache(other, MODEL, "claude-haiku-4-5", True)
     assert SYSTEM  # (the route's system prompt, shared with tests/test_anthropic_route.py)
+
+
+def test_shadow_mode_asks_the_standalone_summarizer(tmp_path: Path) -> None:
+    """In shadow mode the provider cached the client's requests as sent, not the would-be
+    forwarded ones a call in the client's shape would carry: the standalone call is made."""
+    with ScriptedUpstream() as up:
+        with ProxyProcess(tmp_path, up.base_url, compaction={**INLINE, "mode": "shadow"}) as px:
+            client = anthropic.Anthropic(base_url=px.root, api_key="sk-ant-own", max_retries=0)
+            _drive(client, 30, stream=False)
+            wait_for(lambda: bool(up.chat_requests("summarizer")), "a shadow compaction")
+        assert _shared(up, "/v1/messages") == []
+        assert up.rejections == []

@@ -172,7 +172,7 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
         span = unpinned(fwd, candidates.pins_for(env, p, body, cut), body, cut)
         call = shared_call(env, p, span)
         if call is not None:
-            text = yield from shared_summary(env, p, call, span, cut, earlier, spent)
+            text = yield from shared_summary(env, p, call, cut, spent)
     if case == Case.SUMMARIZE and text is None:
         model = s.summary_model or p.llm_model or p.model
         steps = summarizer.summarize(
@@ -205,7 +205,8 @@ def shared_call(env: Env, p: Prepared, span: list[Message]) -> SharedCall | None
     the upstream with the request's own model: another model or endpoint has another cache."""
     s = env.settings
     call = p.shared
-    if call is None or p.llm_model != p.model or not sharedcall.usable(call):
+    # Shadow mode: the provider cached the client's requests, not what would be forwarded.
+    if call is None or p.shadow or p.llm_model != p.model or not sharedcall.usable(call):
         return None
     if not timing.shares_cache(s, p.model, None, shared=True):
         return None
@@ -228,9 +229,7 @@ def shared_summary(
     env: Env,
     p: Prepared,
     call: SharedCall,
-    span: list[Message],
     cut: int,
-    earlier: str | None,
     spent: Spent,
 ) -> Flow[str | None]:
     """The checked summary from a call in the client's shape, or None (then the standalone
@@ -248,11 +247,13 @@ def shared_summary(
         log.info("shared summarizer call failed", extra={"error": str(exc)})
         return None
     spent.add(reply)
-    whole = "\n\n".join(render(m) for m in span)
+    # The checks read what the model was shown, the whole history: a line copied from the
+    # messages that stay is no invented turn, and the subject is the conversation's.
+    seen = "\n\n".join(render(m) for m in p.forwarded)
     try:
         return summarizer.accept(
-            reply.text, reply.finish_reason, span_text=f"{earlier or ''}\n\n{whole}",
-            prompt=ask, max_chars=s.summary_budget_tokens * 4,
+            reply.text, reply.finish_reason, span_text=seen, prompt=ask,
+            max_chars=s.summary_budget_tokens * 4,
         )  # fmt: skip
     except summarizer.SummaryRejected as exc:
         log.info("shared summarizer answer rejected", extra={"error": str(exc)})

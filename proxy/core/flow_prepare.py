@@ -283,7 +283,7 @@ def judge(
         env.settings, p.model, forwarded_tokens=p.forwarded_tokens,
         head_tokens=sum(p.forwarded_counts[: p.head_len]), meta=meta, now=now,
         after=after, llm=llm, llm_model=env.settings.summary_model,
-        shared=p.shared is not None and sharedcall.usable(p.shared),
+        shared=p.shared is not None and not p.shadow and sharedcall.usable(p.shared),
     )  # fmt: skip
 
 
