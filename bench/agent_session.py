@@ -154,7 +154,7 @@ class ScriptedLLM:
         # A model that follows the ask: the memory of what comes before the messages that
         # stay. Given the span the standalone call's transcript holds (not the system prompt,
         # not the task, which is pinned), so that the two calls differ in price only.
-        kept = re.search(r"before its last (\d+) messages", str(body["messages"][-1]["content"]))
+        kept = re.search(r"from its last (\d+) messages on", str(body["messages"][-1]["content"]))
         older = history[: len(history) - int(kept.group(1))] if kept else history
         older = [m for m in older if m.get("role") != "system"
                  or render(m).startswith("SYSTEM: [History Summary - ")]  # fmt: skip

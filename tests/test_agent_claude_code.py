@@ -155,13 +155,21 @@ def test_claude_code_continues_through_compactions(tmp_path: Path, claude_md: st
         assert first_system[0] in _system_texts(rec.json), f"system message lost in request {i}"
     # The latest turns reach the model verbatim.
     assert _prompt(TURNS - 1) in bodies[-1] and _prompt(TURNS - 2) in bodies[-1]
-    # Thinking blocks are opaque: never shown to the summarizer or the detector.
+    # Thinking blocks are opaque: never shown to the standalone summarizer or the detector
+    # (their prose transcripts). The summarizer call in the client's shape carries the
+    # conversation as Claude Code's own requests do (the provider requires the blocks and
+    # has them already), and no summary forwarded quotes them.
     for rec in up.requests:
-        if rec.purpose in ("summarizer", "detector"):
+        if rec.purpose in ("summarizer", "detector") and rec.path == "/v1/chat/completions":
             text = rec.body.decode()
             assert THINKING not in text and "gAAAAB" not in text, "thinking leaked to the " + (
                 rec.purpose or ""
             )
+    for rec in forwarded:
+        for m in rec.json["messages"]:
+            for b in m["content"] if isinstance(m["content"], list) else []:
+                if str(b.get("text", "")).startswith(SUMMARY_PREFIX):
+                    assert THINKING not in b["text"], "a summary quotes thinking"
 
 
 def test_count_tokens_passes_through(tmp_path: Path) -> None:

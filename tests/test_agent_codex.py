@@ -100,7 +100,7 @@ def _conversations(px: ProxyProcess) -> dict[str, int]:
 
 def _settled(px: ProxyProcess, up: ScriptedUpstream) -> dict[str, int]:
     """The ledger once it holds every client request the upstream answered."""
-    answered = len([r for r in up.requests if r.path == "/v1/responses"])
+    answered = len([r for r in up.requests if r.path == "/v1/responses" and r.purpose is None])
     wait_for(lambda: sum(_conversations(px).values()) >= answered, what="ledger entries")
     return _conversations(px)
 
@@ -120,12 +120,12 @@ def test_codex_exec_resume_through_compactions(tmp_path: Path) -> None:
         )
         replies = [_codex(codex, work, env, _prompt(t), resume=t > 0) for t in range(TURNS)]
         session_a = _settled(px, up)
-        a_requests = len([r for r in up.requests if r.path == "/v1/responses"])
+        a_requests = len([r for r in up.requests if r.path == "/v1/responses" and r.purpose is None])
         # A second, separate session that starts exactly like the first one.
         _codex(codex, work, env, FIRST_PROMPT, resume=False)
         _codex(codex, work, env, _prompt(2), resume=True)
         both = _settled(px, up)
-    responses = [r for r in up.requests if r.path == "/v1/responses"]
+    responses = [r for r in up.requests if r.path == "/v1/responses" and r.purpose is None]
     b_requests = len(responses) - a_requests
 
     for turn, reply in enumerate(replies):

@@ -99,7 +99,7 @@ def _check_upstream(up: ScriptedUpstream, path: str, reasoning: bool = False) ->
     assert any("WEATHER-RESULT" in b and "TICKET-RESULT" in b for b in bodies)
     compacted = [b for b in bodies if SUMMARY_PREFIX in b]
     assert len(compacted) >= 3, f"only {len(compacted)} of {len(bodies)} requests compacted"
-    assert up.chat_requests("summarizer"), "the summarizer was never called"
+    assert up.summarizer_calls(), "the summarizer was never called"
     assert calls["weather"] >= TURNS // 3 and calls["ticket"] >= TURNS // 3
     if reasoning:
         assert any('"type":"reasoning"' in b for b in bodies), "no reasoning item went back"

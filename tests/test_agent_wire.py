@@ -74,7 +74,7 @@ def _joined_summary(message: dict[str, Any]) -> bool:
 
 
 def _forwarded_messages(up: ScriptedUpstream) -> list[dict[str, Any]]:
-    return [r.json for r in up.requests if r.path == "/v1/messages"]
+    return [r.json for r in up.requests if r.path == "/v1/messages" and r.purpose is None]
 
 
 def test_claude_code_system_message_is_accepted_and_forwarded_in_place(tmp_path: Path) -> None:
@@ -186,11 +186,14 @@ def test_reasoning_items_stay_opaque_and_attached(tmp_path: Path, stream: bool) 
         with ProxyProcess(tmp_path, up.base_url, compaction=INLINE) as px:
             client = openai.OpenAI(base_url=px.base_url, api_key="sk-test", max_retries=0)
             sent = _responses_session(client, 16, stream)
-        forwarded = [r.json for r in up.requests if r.path == "/v1/responses"]
+        forwarded = [r.json for r in up.requests if r.path == "/v1/responses" and r.purpose is None]
         internal = up.chat_requests("summarizer") + up.chat_requests("detector")
     secrets = {i["encrypted_content"] for s in sent for i in s if i.get("type") == "reasoning"}
     ids = {i["id"] for s in sent for i in s if i.get("type") == "reasoning"}
     assert secrets and up.chat_requests("summarizer"), "no reasoning or no compaction"
+    # Encrypted reasoning in the history: no summarizer call in the client's shape, which
+    # would show it to the model (sharedcall.hides_reasoning).
+    assert not [r for r in up.summarizer_calls() if r.path == "/v1/responses" and r.purpose is None]
     shortened = 0
     for client_items, body in zip(sent, forwarded, strict=True):
         items = body["input"]
@@ -221,15 +224,26 @@ def test_thinking_blocks_stay_opaque(tmp_path: Path) -> None:
             sent = _anthropic_session(client, 14)
         internal = up.chat_requests("summarizer") + up.chat_requests("detector")
         forwarded = _forwarded_messages(up)
+        shared = [r for r in up.summarizer_calls() if r.path == "/v1/messages"]
     assert any(
         b.get("type") == "thinking"
         for m in sent[-1]
         if isinstance(m["content"], list)
         for b in m["content"]
     )
-    assert up.chat_requests("summarizer"), "no compaction"
+    assert up.summarizer_calls(), "no compaction"
+    # The standalone calls' transcripts never show thinking.
     for r in internal:
         assert PRIVATE not in r.body.decode() and "secret_" not in r.body.decode()
+    # The call in the client's shape carries the thinking blocks as the client's requests do
+    # (the client has read them; the provider requires them, signatures and all).
+    client_blocks = {orjson.dumps(b) for s in sent for m in s if isinstance(m["content"], list)
+                     for b in m["content"] if b.get("type") == "thinking"}  # fmt: skip
+    for r in shared:
+        for m in r.json["messages"]:
+            for b in m["content"] if isinstance(m["content"], list) else []:
+                if b.get("type") == "thinking":
+                    assert orjson.dumps(b) in client_blocks, "a thinking block was altered"
     summaries = [
         b["text"]
         for body in forwarded

@@ -246,7 +246,10 @@ def test_failing_summarizer_never_fails_the_request(
         client = openai.OpenAI(base_url=px.base_url, api_key="k-fail", max_retries=0)
         history = _long_history(client)
         calls_after_first_failure = len(upstream.chat_requests("summarizer"))
-        assert calls_after_first_failure <= 1, "retry storm: summarizer called again in cooldown"
+        # One attempt: the call in the client's shape, and the standalone one only when that
+        # answer was no usable summary (a failing upstream gets no second call).
+        once = 2 if summarizer in ("empty", "garbage") else 1
+        assert calls_after_first_failure <= once, "retry storm: summarizer called in cooldown"
         raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=history)
         assert raw.headers["x-compaction-case"] == "none"
         assert upstream.chat_requests()[-1].json["messages"] == history

@@ -67,7 +67,7 @@ def test_responses_route_compacts_a_tool_using_conversation(tmp_path: Path, stre
                 model=MODEL, input="and then?", previous_response_id="resp_123"
             )
             assert raw.headers["x-compaction-case"] == "off"
-        forwarded = [r.json for r in up.requests if r.path == "/v1/responses"]
+        forwarded = [r.json for r in up.requests if r.path == "/v1/responses" and r.purpose is None]
         assert forwarded[-1]["input"] == "and then?"
         forwarded = forwarded[:-1]
         assert len(forwarded) == len(sent)

@@ -19,7 +19,7 @@ import pytest
 from tests.checks import LOW_TRIGGER, summary_index
 from tests.conversations import drive_conversation, take_responses_output, user_turns
 from tests.proxyproc import ProxyProcess
-from tests.upstream import ScriptedUpstream
+from tests.upstream import SHARED_MARK, ScriptedUpstream
 
 SYSTEM = "You are a careful coding assistant for the billing service."
 MODEL = "gpt-4o-mini"
@@ -297,7 +297,14 @@ def test_the_summary_a_client_continues_from_is_pinned_never_summarized_again(
             forwarded = request.json["messages"]
             assert summary in forwarded, "the client's own summary was not forwarded as sent"
         for request in upstream.chat_requests("summarizer"):
-            assert "Another language model started" not in request.body.decode()
+            body = request.body.decode()
+            if SHARED_MARK in body:
+                continue  # (the conversation as forwarded, where the pin stays as it is)
+            assert "Another language model started" not in body
+        for request in upstream.chat_requests()[1:]:
+            for m in request.json["messages"]:
+                if str(m.get("content", "")).startswith("[History Summary - "):
+                    assert "Another language model started" not in m["content"]
 
 
 def test_a_responses_compaction_item_stays_first_and_opaque(
@@ -318,7 +325,7 @@ def test_a_responses_compaction_item_stays_first_and_opaque(
                 output = [o.model_dump(exclude_none=True) for o in response.output]
                 if not take_responses_output(items, output):
                     break
-        forwarded = [r.json["input"] for r in upstream.requests if r.path == "/v1/responses"]
+        forwarded = [r.json["input"] for r in upstream.requests if r.path == "/v1/responses" and r.purpose is None]
         sent_sizes = [len(orjson.dumps(f)) for f in forwarded]
         assert any("[History Summary" in orjson.dumps(f).decode() for f in forwarded), (
             "no compaction happened",

@@ -425,8 +425,9 @@ class ScriptedUpstream:
         prompt_tokens = self.count_tokens(messages)
         if cached is None:
             cached = self._cached_tokens(messages, prompt_tokens)
-            with self._lock:
-                self.cached_log.append((prompt_tokens, cached))
+            if rec.purpose is None:  # (the log is the client's requests')
+                with self._lock:
+                    self.cached_log.append((prompt_tokens, cached))
         completion_tokens = max(1, self.count_tokens([message]))
         usage = {
             "prompt_tokens": prompt_tokens,
@@ -522,8 +523,9 @@ class ScriptedUpstream:
         ) + body["messages"]
         prompt_tokens = self.count_tokens(counted)
         cached = self._cached_tokens(counted, prompt_tokens)
-        with self._lock:
-            self.cached_log.append((prompt_tokens, cached))
+        if rec.purpose is None:  # (the log is the client's requests')
+            with self._lock:
+                self.cached_log.append((prompt_tokens, cached))
         usage = {
             "input_tokens": prompt_tokens - cached,
             "cache_read_input_tokens": cached,
@@ -629,8 +631,9 @@ class ScriptedUpstream:
         ) + items
         prompt_tokens = self.count_tokens(counted)
         cached = self._cached_tokens(counted, prompt_tokens)
-        with self._lock:
-            self.cached_log.append((prompt_tokens, cached))
+        if rec.purpose is None:  # (the log is the client's requests')
+            with self._lock:
+                self.cached_log.append((prompt_tokens, cached))
         completion = max(1, self.count_tokens([reply]))
         response = {
             "id": f"resp_{n}",

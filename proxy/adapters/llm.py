@@ -19,7 +19,7 @@ import httpx
 import orjson
 
 from proxy.adapters.reach import classify, safe_url
-from proxy.core.errors import CompactionFailed
+from proxy.core.errors import CallRefused, CompactionFailed
 from proxy.core.messages import Message
 from proxy.core.sharedcall import SharedCall, SharedReply, reply_of
 
@@ -189,15 +189,19 @@ class HttpLLM:
         except httpx.HTTPError as exc:
             why = f"{safe_url(call.url)} unreachable: {classify(exc, call.url).reason}"
             raise CompactionFailed(f"{purpose}: {why}") from exc
-        if response.status_code != 200:
-            raise CompactionFailed(f"{purpose} upstream status {response.status_code}")
+        status = response.status_code
+        if status != 200:
+            refused = 400 <= status < 500 and status not in (401, 403, 408, 429)
+            raise (CallRefused if refused else CompactionFailed)(
+                f"{purpose} upstream status {status}"
+            )
         try:
             answer = orjson.loads(response.content)
         except orjson.JSONDecodeError as exc:
-            raise CompactionFailed(f"{purpose} reply is not JSON") from exc
+            raise CallRefused(f"{purpose} reply is not JSON") from exc
         reply = reply_of(call, answer, model)
         if reply is None:
-            raise CompactionFailed(f"{purpose} reply is not a {call.surface.name} answer")
+            raise CallRefused(f"{purpose} reply is not a {call.surface.name} answer")
         return reply
 
 

@@ -93,5 +93,11 @@ class CompactionFailed(Exception):
     """The detector or summarizer failed; never surfaces to the client (the proxy fails open)."""
 
 
+class CallRefused(CompactionFailed):
+    """The upstream refused a call in the client's shape (a 4xx) or answered it in another
+    shape: the standalone call may still succeed. A 5xx, a timeout or an unreachable upstream
+    is a plain ``CompactionFailed``: another call now would fail alike."""
+
+
 class StoreError(Exception):
     """The store is unavailable (disk full, corrupt database, lost connection)."""

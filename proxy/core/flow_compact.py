@@ -35,7 +35,7 @@ from proxy.core.commands import (
     Read,
     Reply,
 )
-from proxy.core.errors import CompactionFailed, StoreError
+from proxy.core.errors import CallRefused, CompactionFailed, StoreError
 from proxy.core.lookup import lookup
 from proxy.core.messages import Message, render
 from proxy.core.modelmap import context_window
@@ -208,6 +208,8 @@ def shared_call(env: Env, p: Prepared, span: list[Message]) -> SharedCall | None
     # Shadow mode: the provider cached the client's requests, not what would be forwarded.
     if call is None or p.shadow or p.llm_model != p.model or not sharedcall.usable(call):
         return None
+    if sharedcall.hides_reasoning(p.forwarded):
+        return None
     if not timing.shares_cache(s, p.model, None, shared=True):
         return None
     if s.summary_reads_cache == "auto":
@@ -243,8 +245,11 @@ def shared_summary(
     body = sharedcall.request_body(call, view, s.summary_budget_tokens)
     try:
         reply = yield CompleteShared(call, body, "summarizer")
-    except CompactionFailed as exc:
-        log.info("shared summarizer call failed", extra={"error": str(exc)})
+    except CallRefused as exc:
+        # Refused (this shape, these fields) or answered otherwise: the standalone call may
+        # do. A failing upstream (5xx, timeout) raises on: the attempt fails, the cooldown
+        # holds, and no second call is sent to it now.
+        log.info("shared summarizer call refused", extra={"error": str(exc)})
         return None
     spent.add(reply)
     # The checks read what the model was shown, the whole history: a line copied from the

@@ -279,12 +279,23 @@ def judge(
 ) -> timing.Timing:
     """``policy: cost``: whether compacting ``p`` now pays, given the conversation's ledger
     row (``meta``) and the time (``timing.judge``)."""
+    s = env.settings
+    # (What the cost policy never reads, a request under the trigger does not scan for.)
+    judged = llm and s.policy == "cost" and p.forwarded_tokens > s.trigger_tokens
     return timing.judge(
-        env.settings, p.model, forwarded_tokens=p.forwarded_tokens,
+        s, p.model, forwarded_tokens=p.forwarded_tokens,
         head_tokens=sum(p.forwarded_counts[: p.head_len]), meta=meta, now=now,
-        after=after, llm=llm, llm_model=env.settings.summary_model,
-        shared=p.shared is not None and not p.shadow and sharedcall.usable(p.shared),
+        after=after, llm=llm, llm_model=s.summary_model, shared=judged and shares_cache(p),
     )  # fmt: skip
+
+
+def shares_cache(p: Prepared) -> bool:
+    """Whether a summary of ``p`` may come from the call in the client's shape, as far as
+    the request goes (``flow_compact.shared_call`` decides at the time)."""
+    call = p.shared
+    if call is None or p.shadow or not sharedcall.usable(call):
+        return False
+    return not sharedcall.hides_reasoning(p.forwarded)
 
 
 def stabilise(

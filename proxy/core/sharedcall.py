@@ -86,19 +86,42 @@ def usable(call: SharedCall) -> bool:
     return n is None or n == 1
 
 
+# Reasoning the client cannot read: Responses' encrypted reasoning items, Anthropic's
+# redacted thinking, a provider's compaction items. (Anthropic's plain thinking blocks are in
+# the client's hands already.)
+_HIDDEN = frozenset({"reasoning", "redacted_thinking", "compaction", "compaction_summary"})
+
+
+def hides_reasoning(history: Sequence[Message]) -> bool:
+    """Whether ``history`` holds reasoning the client cannot read. A call in the client's
+    shape would show it to the model, and the memory it writes must not put into words
+    what the provider keeps from the client: then the standalone call is made, which never
+    shows reasoning (``messages.render``)."""
+    for m in history:
+        content = m.get("content")
+        if isinstance(content, list):
+            for block in content:
+                if isinstance(block, dict) and block.get("type") in _HIDDEN:
+                    return True
+    return False
+
+
 def instruction(prompt: str, budget: int, kept: Sequence[Message]) -> str:
     """The one user message that asks for the memory: the summarizer's own instructions, and
     where the part to summarize ends (the first message that stays, quoted)."""
     rules = prompt.replace("{budget}", str(budget))
+    scope = (
+        "The conversation above will be shortened: its older messages are replaced by the "
+        "memory you write now. Its system prompt and pinned instructions (the task among them)"
+    )
     if kept:
         first = " ".join(render(kept[0]).split())[:_QUOTE_CHARS]
-        scope = (
-            f"The conversation above will be shortened: everything before its last "
-            f"{len(kept)} messages (the first of them begins: \u201c{first}\u201d) is "
-            "replaced by the memory you write now; those messages stay as they are."
+        scope += (
+            f" and everything from its last {len(kept)} messages on (the first of them "
+            f"begins: \u201c{first}\u201d) stay as they are: do not repeat them."
         )
     else:
-        scope = "The conversation above is replaced by the memory you write now."
+        scope += " stay as they are: do not repeat them."
     return (
         f"{MARK}\n{scope}\n\n{rules}\n\nDo not call any tool and do not continue the task: "
         "reply with the memory only, as text."
@@ -119,10 +142,20 @@ def cache_marked(call: SharedCall, history: list[Message], outside: int) -> list
         m = history[i]
         if i == 0 and m.get("role") != "system":
             continue
-        if budget > 0 and i not in picks and markable(m) and not has_cache_marks([m]):
+        if budget > 0 and i not in picks and _markable(m) and not has_cache_marks([m]):
             picks.append(i)
             budget -= 1
     return with_marks(history, picks) if picks else history
+
+
+def _markable(message: Message) -> bool:
+    """A breakpoint can go on its last block: not a thinking block (the API refuses marks
+    there)."""
+    content = message.get("content")
+    if isinstance(content, list) and content and isinstance(content[-1], dict):
+        if content[-1].get("type") in ("thinking", "redacted_thinking"):
+            return False
+    return markable(message)
 
 
 def request_body(call: SharedCall, view: list[Message], max_tokens: int) -> dict[str, Any]:

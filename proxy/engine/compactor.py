@@ -35,7 +35,7 @@ from proxy.core.commands import (
     Remember,
 )
 from proxy.core.controls import Controls
-from proxy.core.errors import CompactionFailed, StoreError
+from proxy.core.errors import CallRefused, CompactionFailed, StoreError
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, Prompts, nothing
 from proxy.core.records import MAX_CHECKPOINTS, conv_key
@@ -139,7 +139,7 @@ class Compactor:
             case CompleteShared():
                 shared = getattr(self.llm, "shared", None)
                 if shared is None:  # (an LLM client of the hook's or a test's)
-                    raise CompactionFailed("this client makes no call in the client's shape")
+                    raise CallRefused("this client makes no call in the client's shape")
                 return await shared(command.call, command.body, purpose=command.purpose)
             case Persist():
                 return await asyncio.to_thread(self._persist, command)
