@@ -323,3 +323,31 @@ def test_shadow_mode_asks_the_standalone_summarizer(tmp_path: Path) -> None:
             wait_for(lambda: bool(up.chat_requests("summarizer")), "a shadow compaction")
         assert _shared(up, "/v1/messages") == []
         assert up.rejections == []
+
+
+def test_a_refused_shared_call_falls_back_and_a_failing_upstream_gets_no_second_call(
+    tmp_path: Path,
+) -> None:
+    """The provider refuses the call in the client's shape (a 400): the standalone call is
+    made in the same attempt. It answers 500: the attempt fails without a second call."""
+
+    def refuse(body: dict[str, Any]) -> str | None:
+        return "scripted refusal" if SHARED_MARK in orjson.dumps(body).decode() else None
+
+    (tmp_path / "a").mkdir()
+    with ScriptedUpstream(refuse=refuse, expect_rejections=True) as up:
+        with ProxyProcess(tmp_path / "a", up.base_url, compaction=INLINE) as px:
+            client = anthropic.Anthropic(base_url=px.root, api_key="sk-ant-own", max_retries=0)
+            _drive(client, 30, stream=False)
+        shared, alone = _shared(up, "/v1/messages"), up.chat_requests("summarizer")
+        assert shared and len(alone) == len(shared)
+        assert {r["path"] for r in up.rejections} == {"/v1/messages"}
+        forwarded = [r.json for r in up.requests if r.path == "/v1/messages" and r.purpose is None]
+        assert "[History Summary - " in orjson.dumps(forwarded[-1]).decode()
+    (tmp_path / "b").mkdir()
+    with ScriptedUpstream(summarizer_mode="error500") as up:
+        with ProxyProcess(tmp_path / "b", up.base_url, compaction=INLINE) as px:
+            client = anthropic.Anthropic(base_url=px.root, api_key="sk-ant-own", max_retries=0)
+            _drive(client, 30, stream=False)
+        assert _shared(up, "/v1/messages"), "no call in the client's shape"
+        assert up.chat_requests("summarizer") == [], "a second call to a failing upstream"
