@@ -199,18 +199,24 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
     return candidates.verdict(env, p, built)
 
 
+def may_share(p: Prepared) -> bool:
+    """Whether the request allows a summary from the call in the client's shape: the front
+    door can make it, the model may answer in prose, the history hides no reasoning from the
+    client, and it is not shadow mode (where the provider cached the client's requests, not
+    what would be forwarded). The settings and prices are ``shared_call``'s to weigh."""
+    call = p.shared
+    if call is None or p.shadow or p.llm_model != p.model or not sharedcall.usable(call):
+        return False
+    return not sharedcall.hides_reasoning(p.forwarded)
+
+
 def shared_call(env: Env, p: Prepared, span: list[Message]) -> SharedCall | None:
     """The summarizer call in the client's shape (``proxy.core.sharedcall``), when the
     settings, the request and (``auto``) the prices call for it. Only where the calls go to
     the upstream with the request's own model: another model or endpoint has another cache."""
     s = env.settings
     call = p.shared
-    # Shadow mode: the provider cached the client's requests, not what would be forwarded.
-    if call is None or p.shadow or p.llm_model != p.model or not sharedcall.usable(call):
-        return None
-    if sharedcall.hides_reasoning(p.forwarded):
-        return None
-    if not timing.shares_cache(s, p.model, None, shared=True):
+    if call is None or not may_share(p) or not timing.shares_cache(s, p.model, None, True):
         return None
     if s.summary_reads_cache == "auto":
         # Warm: the conversation's last request was just forwarded (a background compaction)

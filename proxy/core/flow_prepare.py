@@ -13,13 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from proxy.core import candidates, planner, sharedcall, stability, timing
+from proxy.core import candidates, planner, stability, timing
 from proxy.core.behaviour import LoopBreak, observe
 from proxy.core.commands import CompactNow, Compute, Flow, Read
 from proxy.core.controls import Controls, sampled
 from proxy.core.errors import StoreError
 from proxy.core.fingerprint import conversation_id, earlier_conversation_id, fingerprint
-from proxy.core.flow_compact import persist
+from proxy.core.flow_compact import may_share, persist
 from proxy.core.flow_watch import watch
 from proxy.core.lookup import best_checkpoint, checked_record, checkpoint_keys, record_key
 from proxy.core.messages import Message
@@ -285,17 +285,8 @@ def judge(
     return timing.judge(
         s, p.model, forwarded_tokens=p.forwarded_tokens,
         head_tokens=sum(p.forwarded_counts[: p.head_len]), meta=meta, now=now,
-        after=after, llm=llm, llm_model=s.summary_model, shared=judged and shares_cache(p),
+        after=after, llm=llm, llm_model=s.summary_model, shared=judged and may_share(p),
     )  # fmt: skip
-
-
-def shares_cache(p: Prepared) -> bool:
-    """Whether a summary of ``p`` may come from the call in the client's shape, as far as
-    the request goes (``flow_compact.shared_call`` decides at the time)."""
-    call = p.shared
-    if call is None or p.shadow or not sharedcall.usable(call):
-        return False
-    return not sharedcall.hides_reasoning(p.forwarded)
 
 
 def stabilise(
