@@ -45,7 +45,12 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield base
 
 
-def test_real_model_conversation_through_the_proxy(llama: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("reads_cache", ["off", "on"])
+def test_real_model_conversation_through_the_proxy(
+    llama: str, tmp_path: Path, reads_cache: str
+) -> None:
+    """``on``: the summarizer is asked in the client's shape (the conversation and one ask,
+    ``proxy.core.sharedcall``), which a small model answers messily too."""
     with ProxyProcess(
         tmp_path,
         llama,
@@ -60,6 +65,8 @@ def test_real_model_conversation_through_the_proxy(llama: str, tmp_path: Path) -
             # The mechanics with a real model: at this trigger no compaction could leave half
             # of it (the verbatim window and the summary budget alone are more).
             "compact_to_share": 1.0,
+            # (The model has no known prices: ``auto`` would never make the call.)
+            "summary_reads_cache": reads_cache,
         },
     ) as px:
         client = openai.OpenAI(base_url=px.base_url, api_key="sk-local", max_retries=0)
@@ -107,5 +114,19 @@ def test_real_model_conversation_through_the_proxy(llama: str, tmp_path: Path) -
         compacted = [c for c in cases if c in {"summarize", "truncate", "emergency", "prune"}]
         assert compacted or failed, cases
         assert all(f.get("error") for f in failed), failed
+        shared = [
+            line
+            for line in logs.splitlines()
+            if '"summary read the conversation\'s cache"' in line
+            or '"shared summarizer answer rejected"' in line
+            or '"shared summarizer call refused"' in line
+        ]
+        summarized = "summarize" in cases or any(
+            "summary check failed" in str(f.get("error")) for f in failed
+        )
+        if reads_cache == "on" and summarized:
+            assert shared, "no summarizer call in the client's shape"
+        if reads_cache == "off":
+            assert not shared, shared
         assert "sk-local" not in logs, "an API key reached the logs"
         assert FACTS[0] not in logs, "message content reached the INFO logs"

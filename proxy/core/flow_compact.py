@@ -255,20 +255,35 @@ def shared_summary(
         # Refused (this shape, these fields) or answered otherwise: the standalone call may
         # do. A failing upstream (5xx, timeout) raises on: the attempt fails, the cooldown
         # holds, and no second call is sent to it now.
-        log.info("shared summarizer call refused", extra={"error": str(exc)})
+        log.info(
+            "shared summarizer call refused",
+            extra={"conversation": p.conversation, "error": str(exc)},
+        )
         return None
     spent.add(reply)
     # The checks read what the model was shown, the whole history: a line copied from the
     # messages that stay is no invented turn, and the subject is the conversation's.
     seen = "\n\n".join(render(m) for m in p.forwarded)
     try:
-        return summarizer.accept(
+        text = summarizer.accept(
             reply.text, reply.finish_reason, span_text=seen, prompt=ask,
             max_chars=s.summary_budget_tokens * 4,
         )  # fmt: skip
     except summarizer.SummaryRejected as exc:
-        log.info("shared summarizer answer rejected", extra={"error": str(exc)})
+        log.info(
+            "shared summarizer answer rejected",
+            extra={"conversation": p.conversation, "error": str(exc)},
+        )
         return None
+    log.info(
+        "summary read the conversation's cache",
+        extra={
+            "conversation": p.conversation,
+            "prompt_tokens": reply.prompt_tokens,
+            "cached_tokens": getattr(reply, "cached_tokens", 0),
+        },
+    )
+    return text
 
 
 class Spent:
