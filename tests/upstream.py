@@ -398,6 +398,14 @@ class ScriptedUpstream:
         fn = self.detector if rec.purpose == "detector" else self.summarizer
         return fn(chat_body)
 
+    async def _reply(self, rec: Recorded, chat_body: dict) -> dict | Response:
+        """The scripted reply to a Messages or Responses request: the client's, or the
+        summarizer's to a call in the client's shape (``proxy.core.sharedcall``)."""
+        if rec.purpose not in ("detector", "summarizer"):
+            return self.reply(chat_body)
+        text = await self._scripted(rec, chat_body)
+        return text if isinstance(text, Response) else {"role": "assistant", "content": text}
+
     # ------------------------------------------------------------------ handlers
     async def _chat(self, request: Request, rec: Recorded) -> Response:
         body = rec.json
@@ -490,14 +498,9 @@ class ScriptedUpstream:
         if (rejected := self._rejected(rec, reason, anthropic=True)) is not None:
             return rejected
         as_openai = [{"role": m.get("role"), "content": m.get("content")} for m in body["messages"]]
-        if rec.purpose in ("detector", "summarizer"):
-            # The summarizer call in the client's shape (proxy.core.sharedcall).
-            text = await self._scripted(rec, {"messages": as_openai})
-            if isinstance(text, Response):
-                return text
-            reply: dict = {"role": "assistant", "content": text}
-        else:
-            reply = self.reply({"messages": as_openai})
+        reply = await self._reply(rec, {"messages": as_openai})
+        if isinstance(reply, Response):
+            return reply
         blocks: list[dict] = []
         if reply.get("reasoning"):
             blocks.append(
@@ -583,14 +586,9 @@ class ScriptedUpstream:
                 as_chat.append({"role": "assistant", "content": None})
             else:
                 as_chat.append({"role": item.get("role"), "content": item.get("content")})
-        if rec.purpose in ("detector", "summarizer"):
-            # The summarizer call in the client's shape (proxy.core.sharedcall).
-            text = await self._scripted(rec, {"messages": as_chat})
-            if isinstance(text, Response):
-                return text
-            reply: dict = {"role": "assistant", "content": text}
-        else:
-            reply = self.reply({"messages": as_chat})
+        reply = await self._reply(rec, {"messages": as_chat})
+        if isinstance(reply, Response):
+            return reply
         n = self._next_id()[-6:]
         output: list[dict] = []
         if reply.get("reasoning"):
