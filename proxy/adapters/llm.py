@@ -174,10 +174,11 @@ class HttpLLM:
         """A call in the client's own shape to the upstream, with the headers the client's
         request was forwarded with (``proxy.core.sharedcall``): never to
         ``summary_base_url``, whose cache is not the conversation's."""
-        headers = [(k, v) for k, v in call.headers if k.lower() != b"x-compaction-purpose"]
-        headers.append((b"x-compaction-purpose", purpose.encode()))
-        for name, value in (TRACE_HEADERS.get() or {}).items():
-            headers.append((name.encode(), value.encode()))
+        # The call's own purpose and trace context replace any the client's request had.
+        own = {"x-compaction-purpose": purpose, **(TRACE_HEADERS.get() or {})}
+        names = {name.lower().encode() for name in own}
+        headers = [(k, v) for k, v in call.headers if k.lower() not in names]
+        headers.extend((name.encode(), value.encode()) for name, value in own.items())
         model = str(body.get("model", ""))
         try:
             async with asyncio.timeout(self._timeout):
