@@ -197,6 +197,10 @@ def test_usable_only_when_the_model_may_answer_in_prose() -> None:
     assert not sharedcall.usable(_call(OPENAI_CHAT, response_format={"type": "json_object"}))
     assert sharedcall.usable(_call(OPENAI_CHAT, response_format={"type": "text"}))
     assert not sharedcall.usable(_call(OPENAI_CHAT, n=2))
+    assert not sharedcall.usable(_call(OPENAI_CHAT, modalities=["text", "audio"]))
+    assert not sharedcall.usable(
+        _call(ANTHROPIC_MESSAGES, output_format={"type": "json_schema", "schema": {}})
+    )
     assert sharedcall.usable(_call(ANTHROPIC_MESSAGES, tool_choice={"type": "auto"}))
     assert not sharedcall.usable(_call(ANTHROPIC_MESSAGES, tool_choice={"type": "any"}))
     assert not sharedcall.usable(

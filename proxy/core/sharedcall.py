@@ -82,6 +82,11 @@ def usable(call: SharedCall) -> bool:
     inner = text.get("format") if isinstance(text, dict) else None
     if isinstance(inner, dict) and inner.get("type") not in (None, "text"):
         return False
+    if body.get("output_format") is not None:  # Anthropic's structured outputs
+        return False
+    modalities = body.get("modalities")
+    if isinstance(modalities, list) and "audio" in modalities:
+        return False  # (the answer would be spoken)
     n = body.get("n")
     return n is None or n == 1
 
