@@ -255,7 +255,8 @@ def test_the_load_generator_reports_watched_processes_cpu_over_its_window(
 
 def test_economics_prices_the_calls_at_the_llm_model_given() -> None:
     """``--llm-model``: the detector and summarizer priced at that model's prices, and
-    nothing else moved (the tokens policy does not look at prices)."""
+    nothing else moved (the tokens policy does not look at prices). Both with the standalone
+    calls (another model cannot read the conversation's cache: the next test)."""
     import asyncio
 
     from bench import agent_session, economics
@@ -264,7 +265,7 @@ def test_economics_prices_the_calls_at_the_llm_model_given() -> None:
     session = economics.synthetic(agent_session.SMOKE_REQUESTS)
     runs = {}
     for model in (None, "claude-haiku-4-5"):
-        settings = economics.settings_for(8_000, "tokens", "anthropic", model)
+        settings = economics.settings_for(8_000, "tokens", "anthropic", model, "off")
         assert settings.summary_model == settings.detection_model == model
         runs[model] = asyncio.run(economics.replay(session, "anthropic", settings, TokenCounter()))
     own, small = runs[None], runs["claude-haiku-4-5"]
@@ -273,6 +274,25 @@ def test_economics_prices_the_calls_at_the_llm_model_given() -> None:
     # Claude Haiku 4.5 costs a third of Sonnet 4.5, input and output alike.
     assert small.proxy.calls_usd == pytest.approx(own.proxy.calls_usd / 3)
     assert 0 < small.floor_usd < own.unchanged.usd
+
+
+def test_economics_prices_the_summary_that_reads_the_cache() -> None:
+    """``--summary-reads-cache``: with ``auto`` (the default) on Claude's prices the summary
+    is asked in the client's shape and priced with its cache reads: the calls cost less than
+    the standalone ones, as many of them are made, and they are billed."""
+    import asyncio
+
+    from bench import agent_session, economics
+    from proxy.core.tokens import TokenCounter
+
+    session = economics.synthetic(agent_session.SMOKE_REQUESTS)
+    runs = {}
+    for reads in ("auto", "off"):
+        settings = economics.settings_for(8_000, "tokens", "anthropic", None, reads)
+        runs[reads] = asyncio.run(economics.replay(session, "anthropic", settings, TokenCounter()))
+    shared, alone = runs["auto"], runs["off"]
+    assert shared.proxy.calls == alone.proxy.calls > 0
+    assert 0 < shared.proxy.calls_usd < alone.proxy.calls_usd
 
 
 def test_economics_refuses_an_unknown_llm_model() -> None:
