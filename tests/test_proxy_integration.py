@@ -219,7 +219,13 @@ def test_second_api_key_never_reuses_the_first_keys_records(
         assert forwarded == final, "another key's compaction record was reused"
         assert raw.headers["x-compaction-case"] == "none"
         assert upstream.chat_requests()[-1].headers["authorization"] == "Bearer sk-user-two"
-        # The second key's own background compaction starts from scratch.
-        px_wait_for(lambda: len(upstream.chat_requests("summarizer")) > summaries_before)
-        summary_request = upstream.chat_requests("summarizer")[-1].json["messages"][-1]["content"]
+        # The second key's own background compaction starts from scratch. (Told apart by the
+        # key its calls carry: the first key's background compaction may still be calling.)
+        def seconds() -> list[Any]:
+            calls = upstream.chat_requests("summarizer")[summaries_before:]
+            return [r for r in calls if r.headers.get("authorization") == "Bearer sk-user-two"]
+
+        px_wait_for(lambda: bool(seconds()))
+        summary_request = seconds()[-1].body.decode()
         assert "EARLIER SUMMARY" not in summary_request
+        assert "[History Summary" not in summary_request
