@@ -313,7 +313,7 @@ def test_the_cost_policy_prices_the_summary_as_cache_reads() -> None:
     off = CompactionSettings(policy="cost", summary_reads_cache="off")
     assert not timing.judge(off, MODEL, **args, shared=True).pays  # type: ignore[arg-type]
     other = CompactionSettings(policy="cost", summary_model="claude-haiku-4-5")
-    assert not timing.shares_cache(other, MODEL, "claude-haiku-4-5", True)
+    assert not timing.shares_cache(other, MODEL, True)
     assert SYSTEM  # (the route's system prompt, shared with tests/test_anthropic_route.py)
 
 

@@ -216,7 +216,7 @@ def shared_call(env: Env, p: Prepared, span: list[Message]) -> SharedCall | None
     the upstream with the request's own model: another model or endpoint has another cache."""
     s = env.settings
     call = p.shared
-    if call is None or not may_share(p) or not timing.shares_cache(s, p.model, None, True):
+    if call is None or not may_share(p) or not timing.shares_cache(s, p.model, True):
         return None
     if s.summary_reads_cache == "auto":
         # Warm: the conversation's last request was just forwarded (a background compaction)

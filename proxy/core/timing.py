@@ -79,13 +79,13 @@ def too_soon(
     return None
 
 
-def shares_cache(s: CompactionSettings, model: str, llm_model: str | None, shared: bool) -> bool:
+def shares_cache(s: CompactionSettings, model: str, shared: bool) -> bool:
     """Whether a summary may come from the call in the client's shape: the front door can
     make it (``shared``), the settings allow it, and the calls go to the upstream with the
     request's own model (another model or endpoint has another cache)."""
     if not shared or s.summary_reads_cache == "off" or s.summary_base_url:
         return False
-    return s.summary_model in (None, model) and llm_model in (None, model)
+    return s.summary_model in (None, model)
 
 
 def expected_after(s: CompactionSettings, head_tokens: int, forwarded_tokens: int) -> int:
@@ -125,11 +125,11 @@ def judge(
     span = max(forwarded_tokens - remaining, 0)
     window = s.detector_window_messages * s.detector_chars_per_message // 4
     llm_in = span + min(forwarded_tokens, window) + 2 * _PROMPT_TOKENS if llm else 0
-    if llm and not cold and shares_cache(s, model, llm_model, shared):
+    prices = billing.prices_for(model)
+    if llm and not cold and shares_cache(s, model, shared):
         # The summarizer call in the client's shape (``proxy.core.sharedcall``) reads the
         # history from the cache instead of the span uncached: priced as the equivalent
         # input tokens, when cheaper (``auto``) or always (``on``).
-        prices = billing.prices_for(model)
         if prices.known:
             ratio = prices.cache_read / prices.input
             as_shared = int(forwarded_tokens * ratio) + min(forwarded_tokens, window)
@@ -145,7 +145,7 @@ def judge(
         1, min(int(meta.get("requests") or 1) // HORIZON_DIVISOR, s.cost_horizon_requests)
     )
     found = billing.forecast(
-        billing.prices_for(model),
+        prices,
         rules,
         forwarded_tokens=forwarded_tokens,
         expected_after=remaining,
@@ -162,7 +162,7 @@ def judge(
             found = billing.Forecast(
                 found.saved_reads, found.rewrite, cost, found.saved_reads - found.rewrite - cost
             )
-    if not billing.prices_for(model).known:
+    if not prices.known:
         return Timing(True, cold, "no price known: compacting on tokens", 0.0)
     if cold:
         if found.net <= 0:
