@@ -149,17 +149,7 @@ class HttpLLM:
             "temperature": 0,
             "stream": False,
         }
-        try:
-            response = await self._client.post(
-                self._url, content=orjson.dumps(payload), headers=headers, timeout=self._timeout
-            )
-        except httpx.TimeoutException as exc:
-            raise CompactionFailed(f"{purpose} timed out") from exc
-        except httpx.HTTPError as exc:
-            reason = classify(exc, self._url).reason
-            raise CompactionFailed(
-                f"{purpose}: {safe_url(self._url)} unreachable: {reason}"
-            ) from exc
+        response = await self._post(self._url, orjson.dumps(payload), headers, purpose)
         if response.status_code != 200:
             raise CompactionFailed(f"{purpose} upstream status {response.status_code}")
         try:
@@ -169,6 +159,18 @@ class HttpLLM:
         if not isinstance(body, dict):
             raise CompactionFailed(f"{purpose} reply is not an object")
         return reply_from(body, model)
+
+    async def _post(self, url: str, content: bytes, headers: Any, purpose: str) -> httpx.Response:
+        """One POST of the proxy's own; the wire's failures as ``CompactionFailed``."""
+        try:
+            return await self._client.post(
+                url, content=content, headers=headers, timeout=self._timeout
+            )
+        except httpx.TimeoutException as exc:
+            raise CompactionFailed(f"{purpose} timed out") from exc
+        except httpx.HTTPError as exc:
+            why = f"{safe_url(url)} unreachable: {classify(exc, url).reason}"
+            raise CompactionFailed(f"{purpose}: {why}") from exc
 
     async def shared(self, call: SharedCall, body: dict[str, Any], *, purpose: str) -> SharedReply:
         """A call in the client's own shape to the upstream, with the headers the client's
@@ -182,14 +184,9 @@ class HttpLLM:
         model = str(body.get("model", ""))
         try:
             async with asyncio.timeout(self._timeout):
-                response = await self._client.post(
-                    call.url, content=orjson.dumps(body), headers=headers, timeout=self._timeout
-                )
-        except (TimeoutError, httpx.TimeoutException) as exc:
+                response = await self._post(call.url, orjson.dumps(body), headers, purpose)
+        except TimeoutError as exc:
             raise CompactionFailed(f"{purpose} timed out") from exc
-        except httpx.HTTPError as exc:
-            why = f"{safe_url(call.url)} unreachable: {classify(exc, call.url).reason}"
-            raise CompactionFailed(f"{purpose}: {why}") from exc
         status = response.status_code
         if status != 200:
             refused = 400 <= status < 500 and status not in (401, 403, 408, 429)
