@@ -16,8 +16,10 @@ validation errors (OpenAI chat completions and Responses, Anthropic Messages):
   itself merges consecutive same-role turns, but the proxy must never create them, so the
   strict upstream flags them; a test that sends them on purpose opts out); no empty content
   (except a final assistant turn, the prefill); at most 4 ``cache_control`` blocks over
-  ``tools``, ``system`` and ``messages``. ``system`` messages inside ``messages`` (sent by
-  Claude Code) are accepted and take no part in alternation.
+  ``tools``, ``system`` and ``messages``, and none on a ``thinking`` or ``redacted_thinking``
+  block (their schemas have no such field, and a thinking block must come back unmodified).
+  ``system`` messages inside ``messages`` (sent by Claude Code) are accepted and take no
+  part in alternation.
 - Responses: a ``reasoning`` item must be followed by the item it produced (not the end of
   the input, not a user message, not a tool output); every ``function_call`` has its
   ``function_call_output`` and every output its call.
@@ -112,6 +114,9 @@ def _blocks(message: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [b for b in content if isinstance(b, dict) and b.get("type") == kind]
 
 
+_UNMARKABLE = ("thinking", "redacted_thinking")  # blocks whose schema has no cache_control
+
+
 def check_messages(body: dict[str, Any], *, alternation: bool = True) -> str | None:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -128,6 +133,14 @@ def check_messages(body: dict[str, Any], *, alternation: bool = True) -> str | N
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
             return f"messages.{i}.role: Input should be 'user' or 'assistant'"
+        content = m.get("content")
+        for j, b in enumerate(content if isinstance(content, list) else ()):
+            if isinstance(b, dict) and b.get("type") in _UNMARKABLE and "cache_control" in b:
+                kind = b["type"]
+                return (
+                    f"messages.{i}.content.{j}.{kind}.cache_control: "
+                    "Extra inputs are not permitted"
+                )
     if messages[0].get("role") != "user":
         return "messages: first message must use the 'user' role"
     last_turn = turns[-1][0] if turns else -1

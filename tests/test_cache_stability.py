@@ -75,6 +75,22 @@ def test_marks_go_on_the_last_part_and_clients_marks_are_detected() -> None:
     assert not stability.has_cache_marks(messages)
 
 
+def test_no_mark_on_a_thinking_block() -> None:
+    # A reply cut while thinking ends its message with the thinking block: the API's
+    # thinking blocks take no cache_control (a 400), so that message carries no mark.
+    for block in ({"type": "thinking", "thinking": "t", "signature": "s"},
+                  {"type": "redacted_thinking", "data": "d"}):  # fmt: skip
+        cut = {"role": "assistant", "content": [block]}
+        after = {"role": "assistant", "content": [block, {"type": "text", "text": "done"}]}
+        assert not stability.markable(cut)
+        assert stability.markable(after)
+        history = [{"role": "user", "content": "u"}, cut, {"role": "user", "content": "go on"}]
+        assert stability.with_marks(history, [1])[1] == cut
+        can_mark = [stability.markable(m) for m in history]
+        # A stable run ending on the cut reply marks the message before it instead.
+        assert stability.breakpoints([2, 2, 0], 0, None, can_mark) == [0]
+
+
 # ---- a 60-turn session against a prefix-caching upstream ----------------------------------
 
 

@@ -70,6 +70,13 @@ def test_anthropic_rules() -> None:
     assert _anthropic(marked, tools=tools, system=system_blocks) is None  # 4 marks
     five = _anthropic(marked, A, marked, tools=tools, system=system_blocks)
     assert "maximum of 4" in str(five)
+    # Thinking blocks have no cache_control in the API's schema (and must come back as sent).
+    for block in ({"type": "thinking", "thinking": "t", "signature": "s"},
+                  {"type": "redacted_thinking", "data": "d"}):  # fmt: skip
+        cut = {"role": "assistant", "content": [block]}  # a reply cut while thinking
+        assert _anthropic(U, cut, U) is None
+        refused = _anthropic(U, {"role": "assistant", "content": [{**block, **mark}]}, U)
+        assert "messages.1.content.0" in str(refused) and "cache_control" in str(refused)
 
 
 def test_responses_rules() -> None:

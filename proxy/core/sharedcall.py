@@ -147,20 +147,10 @@ def cache_marked(call: SharedCall, history: list[Message], outside: int) -> list
         m = history[i]
         if i == 0 and m.get("role") != "system":
             continue
-        if budget > 0 and i not in picks and _markable(m) and not has_cache_marks([m]):
+        if budget > 0 and i not in picks and markable(m) and not has_cache_marks([m]):
             picks.append(i)
             budget -= 1
     return with_marks(history, picks) if picks else history
-
-
-def _markable(message: Message) -> bool:
-    """A breakpoint can go on its last block: not a thinking block (the API refuses marks
-    there)."""
-    content = message.get("content")
-    if isinstance(content, list) and content and isinstance(content[-1], dict):
-        if content[-1].get("type") in ("thinking", "redacted_thinking"):
-            return False
-    return markable(message)
 
 
 def request_body(call: SharedCall, view: list[Message], max_tokens: int) -> dict[str, Any]:

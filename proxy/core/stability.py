@@ -108,12 +108,22 @@ def _run_end(
     return end
 
 
+_UNMARKABLE = frozenset({"thinking", "redacted_thinking"})
+
+
 def markable(message: Message) -> bool:
-    """Whether a mark can go on this message (it needs text content to carry it)."""
+    """Whether a mark can go on this message: it goes on its last content part, which must
+    not be a thinking block (the Messages API's thinking blocks have no ``cache_control``
+    and must come back unmodified: a mark there is a 400)."""
     content = message.get("content")
     if isinstance(content, str):
         return bool(content)
-    return isinstance(content, list) and bool(content) and isinstance(content[-1], dict)
+    return (
+        isinstance(content, list)
+        and bool(content)
+        and isinstance(content[-1], dict)
+        and content[-1].get("type") not in _UNMARKABLE
+    )
 
 
 def breakpoints(
