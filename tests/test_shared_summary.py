@@ -10,6 +10,7 @@ from typing import Any
 import anthropic
 import openai
 import orjson
+import httpx
 import pytest
 
 from proxy.core import sharedcall, timing
@@ -18,6 +19,7 @@ from proxy.core.flow_compact import Spent
 from proxy.core.settings import CompactionSettings
 from proxy.core.sharedcall import MARK, SharedCall, SharedReply
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_CHAT, OPENAI_RESPONSES
+from proxy.operators import stats_cli
 from tests.agentclients import wait_for
 from tests.checks import INLINE, assert_facts_present
 from tests.conversations import drive_conversation
@@ -27,6 +29,7 @@ from tests.upstream import SHARED_MARK, ScriptedUpstream, default_summarizer
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 BUDGET = INLINE["summary_budget_tokens"]
+TOKEN = "admin-secret-for-shared-summaries"
 
 
 def _shared(up: ScriptedUpstream, path: str) -> list[Any]:
@@ -49,10 +52,12 @@ def test_claude_summaries_read_the_conversations_cache(tmp_path: Path) -> None:
     """On Claude's prices the summarizer is asked in the client's own shape: the body the
     proxy forwarded (system, model, history as the cache holds it) plus one instruction, with
     the client's key; its answer is the summary forwarded next. No standalone call is made."""
+    admin = {"token": TOKEN}
     with ScriptedUpstream() as up:
-        with ProxyProcess(tmp_path, up.base_url, compaction=INLINE) as px:
+        with ProxyProcess(tmp_path, up.base_url, compaction=INLINE, admin=admin) as px:
             client = anthropic.Anthropic(base_url=px.root, api_key="sk-ant-own", max_retries=0)
             sent = _drive(client, 30, stream=False)
+            seen = _operators_view(px.root)
         calls = _shared(up, "/v1/messages")
         assert len(calls) >= 5
         assert up.chat_requests("summarizer") == [], "a standalone summarizer call was made"
@@ -83,6 +88,29 @@ def test_claude_summaries_read_the_conversations_cache(tmp_path: Path) -> None:
             assert summary.splitlines()[0] in orjson.dumps(after["messages"]).decode()
         assert_facts_present(_strip_marks(forwarded[-1].json["messages"]))
         assert up.rejections == []
+    # Operators see what the provider read from the cache: per compaction and in total.
+    detail, page, metrics, stats = seen
+    summarized = [c for c in detail["compactions"] if c["case"] == "summarize"]
+    assert len(summarized) == len(calls)
+    for c in summarized:  # the scripted upstream reads every shared call's prefix from cache
+        assert 0 < c["llm_cached_tokens"] < c["llm_tokens"]
+    for c in summarized:  # the dashboard's timeline, per compaction
+        assert f"({c['llm_cached_tokens']:,} read from the conversation's cache)" in page
+    total = sum(c["llm_cached_tokens"] for c in detail["compactions"])
+    assert f"compaction_proxy_compaction_llm_cached_tokens {float(total)!r}" in metrics
+    assert f"{total:,} read from the cache" in stats
+
+
+def _operators_view(root: str) -> tuple[dict[str, Any], str, str, str]:
+    """The conversation's admin detail, its dashboard page, /metrics and the stats report."""
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    listing = httpx.get(f"{root}/admin/api/conversations", headers=auth, timeout=10).json()
+    conv = listing["items"][0]["id"]
+    detail = httpx.get(f"{root}/admin/api/conversations/{conv}", headers=auth, timeout=10)
+    page = httpx.get(f"{root}/dashboard/conversations/{conv}", headers=auth, timeout=10)
+    metrics = httpx.get(f"{root}/metrics", headers=auth, timeout=10).text
+    totals = httpx.get(f"{root}/admin/api/stats", headers=auth, timeout=10).json()["totals"]
+    return detail.json(), page.text, metrics, stats_cli.render(totals, [], "test")
 
 
 def test_a_shared_answer_that_is_no_summary_falls_back_to_the_standalone_call(

@@ -135,6 +135,29 @@ def default_summarizer(request_json: dict) -> str:
     return "\n".join(facts) if facts else transcript[:200]
 
 
+def cache_view(messages: Any) -> Any:
+    """What a provider's prompt cache keys on: the content, not where the breakpoints sit
+    (Anthropic's ``cache_control`` moves from request to request and reads the cache the
+    last one wrote), and a string content as the one text block it stands for."""
+    if not isinstance(messages, list):
+        return messages
+    out = []
+    for m in messages:
+        if not isinstance(m, dict):
+            out.append(m)
+            continue
+        content = m.get("content")
+        if isinstance(content, str):
+            content = [{"type": "text", "text": content}]
+        elif isinstance(content, list):
+            content = [
+                {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
+                for b in content
+            ]
+        out.append({**{k: v for k, v in m.items() if k != "cache_control"}, "content": content})
+    return out
+
+
 def common_prefix_len(a: bytes, b: bytes) -> int:
     # Binary search over slice equality: memcmp-fast, unlike a per-byte Python loop.
     lo, hi = 0, min(len(a), len(b))
@@ -373,7 +396,7 @@ class ScriptedUpstream:
             return f"chatcmpl-scripted{self._ids:06d}"
 
     def _cached_tokens(self, messages: Any, prompt_tokens: int) -> int:
-        serial = orjson.dumps(messages)
+        serial = orjson.dumps(cache_view(messages))
         with self._lock:
             best = max((common_prefix_len(serial, old) for old in self._history), default=0)
             self._history.append(serial)

@@ -157,6 +157,7 @@ def record_for(
     loss: lossreport.LossReport | None = None,
     llm_tokens: int = 0,
     llm_usd: float = 0.0,
+    llm_cached_tokens: int = 0,
     found: pins.Pins | None = None,
     anchored: anchors.AnchorReport | None = None,
 ) -> CompactionRecord:
@@ -183,6 +184,7 @@ def record_for(
         model=p.model,
         llm_tokens=llm_tokens,
         llm_usd=llm_usd,
+        llm_cached_tokens=llm_cached_tokens,
         prefix=new.entries,
         pinned=pin_lines(p, found.reasons if found else {}),
         unpinned=pin_lines(None, found.oversized if found else {}, p.origins),
@@ -204,6 +206,7 @@ def build(
     started: float,
     llm_tokens: int = 0,
     llm_usd: float = 0.0,
+    llm_cached_tokens: int = 0,
     refs_chars: int | None = None,
 ) -> Outcome:
     """Cutting the forwarded list at ``cut`` behind a note (``text``, None for none); pins
@@ -246,6 +249,7 @@ def build(
         loss=loss,
         llm_tokens=llm_tokens,
         llm_usd=llm_usd,
+        llm_cached_tokens=llm_cached_tokens,
         found=found,
         anchored=anchored,
     )

@@ -194,7 +194,7 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
     built = candidates.build(
         env, p, cut, text, case, reason=detection.boundary_reason,
         confidence=detection.confidence, started=started,
-        llm_tokens=spent.tokens, llm_usd=spent.usd,
+        llm_tokens=spent.tokens, llm_usd=spent.usd, llm_cached_tokens=spent.cached,
     )  # fmt: skip
     return candidates.verdict(env, p, built)
 
@@ -292,6 +292,7 @@ class Spent:
     def __init__(self) -> None:
         self.tokens = 0
         self.usd = 0.0
+        self.cached = 0  # prompt tokens read from the conversation's cache
 
     def add(self, reply: Reply) -> None:
         self.tokens += reply.prompt_tokens + reply.completion_tokens
@@ -300,6 +301,7 @@ class Spent:
         # write some): priced as billed.
         cached = getattr(reply, "cached_tokens", 0)
         written = getattr(reply, "written_tokens", 0)
+        self.cached += cached
         self.usd += costs.input_cost(prices, reply.prompt_tokens, cached, written)
         self.usd += reply.completion_tokens * prices.output
 
@@ -338,6 +340,7 @@ def compaction_event(record: CompactionRecord, reason: str) -> CompactionEvent:
         "confidence": record.confidence,
         "duration_s": record.duration_s,
         "llm_tokens": record.llm_tokens,
+        "llm_cached_tokens": record.llm_cached_tokens,
         "prefix_hash": record.prefix_hash,
         "facts_kept": len(record.facts_kept)
         + len(record.facts_appended)

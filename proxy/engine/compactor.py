@@ -190,6 +190,7 @@ class Compactor:
             llm_tokens=record.llm_tokens,
             llm_usd=record.llm_usd,
             retention_s=ttl,
+            llm_cached_tokens=record.llm_cached_tokens,
         )
 
     # ---- the request path ----------------------------------------------------------------

@@ -292,6 +292,7 @@ class CompactionTrace:
                 ],
                 "compaction_proxy.facts.dropped.categories": fact_categories(dropped),
                 "compaction_proxy.llm.tokens": record.llm_tokens,
+                "compaction_proxy.llm.cached_tokens": record.llm_cached_tokens,
                 "compaction_proxy.llm.usd": round(record.llm_usd, 8),
             }
             if self.tracer.capture_content and record.summary is not None:

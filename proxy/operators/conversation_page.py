@@ -95,6 +95,7 @@ def _compaction_item(i: int, c: dict[str, Any]) -> str:
         confidence=f"{float(c.get('confidence') or 0):.2f}",
         took=f"{float(c.get('duration_s') or 0):.2f}",
         llm_tokens=fmt_int(c.get("llm_tokens")),
+        llm_cached=_cached_note(c.get("llm_cached_tokens")),
         summary=summary_html,
         facts=facts(
             c["facts_kept"], c["facts_appended"], c["facts_dropped"], c.get("facts_elsewhere") or ()
@@ -271,3 +272,11 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
         requests=requests_table(detail["requests"]),
         histories=histories_html(hist),
     )
+
+
+def _cached_note(cached: object) -> str:
+    """How much of the summarizer's input the provider read from the conversation's own
+    cache (a summary asked in the client's shape), or nothing."""
+    if not isinstance(cached, int) or isinstance(cached, bool) or cached <= 0:
+        return ""
+    return f' <span class="mute">({fmt_int(cached)} read from the conversation\'s cache)</span>'

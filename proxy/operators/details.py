@@ -106,6 +106,7 @@ def _compaction(store: Store, tenant: str, conv: str, event: CompactionEvent) ->
         "tokens_after": event["tokens_after"],
         "duration_s": event["duration_s"],
         "llm_tokens": event["llm_tokens"],
+        "llm_cached_tokens": event.get("llm_cached_tokens", 0),
         "reason": event["reason"],
         "boundary_reason": record.boundary_reason if record else "",
         "confidence": record.confidence if record else event["confidence"],

@@ -66,6 +66,7 @@ def as_event(raw: object) -> Event | None:
         confidence=_num(raw.get("confidence")),
         duration_s=_num(raw.get("duration_s")),
         llm_tokens=_int(raw.get("llm_tokens")),
+        llm_cached_tokens=_int(raw.get("llm_cached_tokens")),
         prefix_hash=_str(raw.get("prefix_hash")),
         facts_kept=_int(raw.get("facts_kept")),
         facts_dropped=_int(raw.get("facts_dropped")),

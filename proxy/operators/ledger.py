@@ -323,6 +323,7 @@ def record_compaction(
     llm_tokens: int,
     llm_usd: float,
     retention_s: float | None,
+    llm_cached_tokens: int = 0,
 ) -> None:
     """Charge a compaction's detector/summarizer spend to its conversation and the totals."""
 
@@ -331,6 +332,8 @@ def record_compaction(
         meta["compactions"] = meta.get("compactions", 0) + 1
         meta["llm_tokens"] = meta.get("llm_tokens", 0) + llm_tokens
         meta["llm_usd"] = meta.get("llm_usd", 0.0) + llm_usd
+        if llm_cached_tokens:  # a summary asked in the client's shape read its cache
+            meta["llm_cached_tokens"] = meta.get("llm_cached_tokens", 0) + llm_cached_tokens
         by_case = meta.setdefault("compactions_by_case", {})
         by_case[case] = by_case.get(case, 0) + 1
         if per_conversation:

@@ -79,6 +79,14 @@ def _rollout_lines(totals: dict[str, Any]) -> list[tuple[str, str]]:
     return lines
 
 
+def _llm_spend(totals: dict[str, Any]) -> str:
+    """What the compactions' own calls cost (in the net figure), and how much of their input
+    the provider read from the conversations' caches (summaries asked in the client's shape)."""
+    spend = f"{fmt_usd(totals.get('llm_usd', 0.0))}, {fmt_int(totals.get('llm_tokens'))} tokens"
+    cached = totals.get("llm_cached_tokens")
+    return f"{spend} ({fmt_int(cached)} read from the cache)" if cached else spend
+
+
 def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], source: str) -> str:
     """The report printed by ``compaction-proxy stats``."""
     known = (totals["requests"], totals.get("unpriced_requests"))
@@ -98,6 +106,7 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
             f"{fmt_int(totals.get('kept_window_tokens'))} tokens (not counted as saved)",
         ),
         ("compactions", fmt_int(totals.get("compactions"))),
+        ("detector/summarizer calls", _llm_spend(totals)),
         ("compaction failures", fmt_int(totals.get("compaction_failures"))),
         (
             "key facts kept / dropped",
