@@ -38,7 +38,10 @@ class CompactionSettings:
     # goes on without it. The conversation's lock lives this long plus 30 s.
     compaction_timeout_s: float = 300.0
     detector_window_messages: int = 50
-    detector_chars_per_message: int = 1000
+    # A topic's start shows in its messages' first lines; past them the detector's input is
+    # paid uncached at every compaction (the bulk of its calls' cost on Claude's prices once
+    # the summary reads the cache): 400, not 1,000 (docs/benchmarks.md, #25's tenth stop).
+    detector_chars_per_message: int = 400
     key_references_max_chars: int = 600
     cost_horizon_requests: int = 20
     # The providers' prompt-cache time to live (DESIGN §11; docs: Anthropic 5 minutes,
