@@ -10,6 +10,7 @@ import pytest
 from proxy.adapters import llm as llm_module
 from proxy.adapters.llm import HttpLLM, LLMReply
 from proxy.core.errors import CompactionFailed
+from proxy.core.flow_compact import Spent
 from tests.upstream import ScriptedUpstream
 
 MESSAGES = [{"role": "system", "content": "x"}, {"role": "user", "content": "FACT: a.\nhello"}]
@@ -40,6 +41,28 @@ async def test_calls_the_upstream_with_the_clients_key_and_no_tools(
     assert sent.headers["authorization"] == "Bearer sk-client"
     assert "tools" not in sent.json and sent.json["temperature"] == 0
     assert sent.json["max_tokens"] == 50 and sent.json["stream"] is False
+
+
+def test_a_standalone_calls_cache_reads_are_kept_and_priced() -> None:
+    # A provider may read a standalone call's prompt start from its cache: the reply says so,
+    # and the compaction's spend prices those tokens as cache reads.
+    body = {
+        "choices": [{"message": {"content": "memo"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 4000, "completion_tokens": 100,
+                  "prompt_tokens_details": {"cached_tokens": 3072}},
+    }  # fmt: skip
+    reply = llm_module.reply_from(body, "gpt-4o")
+    assert (reply.text, reply.prompt_tokens, reply.cached_tokens) == ("memo", 4000, 3072)
+    cold = llm_module.reply_from({**body, "usage": {**body["usage"], "prompt_tokens_details": {}}},
+                                 "gpt-4o")  # fmt: skip
+    assert cold.cached_tokens == 0
+    warm_spent, cold_spent = Spent(), Spent()
+    warm_spent.add(reply)
+    cold_spent.add(cold)
+    assert warm_spent.cached == 3072 and cold_spent.cached == 0
+    assert warm_spent.usd < cold_spent.usd
+    with pytest.raises(CompactionFailed):
+        llm_module.reply_from({"choices": []}, "gpt-4o")
 
 
 async def test_a_configured_key_wins(upstream: ScriptedUpstream) -> None:

@@ -95,7 +95,7 @@ def test_claude_summaries_read_the_conversations_cache(tmp_path: Path) -> None:
     for c in summarized:  # the scripted upstream reads every shared call's prefix from cache
         assert 0 < c["llm_cached_tokens"] < c["llm_tokens"]
     for c in summarized:  # the dashboard's timeline, per compaction
-        assert f"({c['llm_cached_tokens']:,} read from the conversation's cache)" in page
+        assert f"({c['llm_cached_tokens']:,} read from the provider's cache)" in page
     total = sum(c["llm_cached_tokens"] for c in detail["compactions"])
     assert f"compaction_proxy_compaction_llm_cached_tokens {float(total)!r}" in metrics
     assert f"{total:,} read from the cache" in stats

@@ -21,7 +21,7 @@ import orjson
 from proxy.adapters.reach import classify, safe_url
 from proxy.core.errors import CallRefused, CompactionFailed
 from proxy.core.messages import Message
-from proxy.core.sharedcall import SharedCall, SharedReply, reply_of
+from proxy.core.sharedcall import SharedCall, SharedReply, chat_reply, reply_of
 
 log = logging.getLogger("compaction_proxy.llm")
 
@@ -51,6 +51,7 @@ class LLMReply:
     prompt_tokens: int
     completion_tokens: int
     model: str
+    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
 
 
 class LLM(Protocol):
@@ -73,19 +74,11 @@ def _needs_litellm(model: str) -> bool:
 def reply_from(body: dict[str, Any], model: str) -> LLMReply:
     """An ``LLMReply`` from an OpenAI-shaped completion body, or ``CompactionFailed``."""
     try:
-        choice = body["choices"][0]
-        message = choice.get("message") or {}
-        text = message.get("content")
-        usage = body.get("usage") or {}
-        return LLMReply(
-            text=text if isinstance(text, str) else "",
-            finish_reason=choice.get("finish_reason"),
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-            model=model,
-        )
+        got = chat_reply(body, model)
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
         raise CompactionFailed(f"malformed completion: {exc}") from exc
+    return LLMReply(got.text, got.finish_reason, got.prompt_tokens, got.completion_tokens,
+                    model, got.cached_tokens)  # fmt: skip
 
 
 class HttpLLM:

@@ -292,7 +292,7 @@ class Spent:
     def __init__(self) -> None:
         self.tokens = 0
         self.usd = 0.0
-        self.cached = 0  # prompt tokens read from the conversation's cache
+        self.cached = 0  # prompt tokens read from the provider's cache
 
     def add(self, reply: Reply) -> None:
         self.tokens += reply.prompt_tokens + reply.completion_tokens

@@ -64,8 +64,9 @@ class CompactionRecord:
     model: str = ""
     llm_tokens: int = 0
     llm_usd: float = 0.0
-    # Of llm_tokens, the prompt tokens the provider read from the conversation's own prompt
-    # cache: a summary asked in the client's shape (``summary_reads_cache``); 0: none.
+    # Of llm_tokens, the prompt tokens the provider read from its prompt cache: most of a
+    # summary asked in the client's shape (``summary_reads_cache``: the conversation's own
+    # cache); a standalone call's only when its prompt's start was cached. 0: none.
     llm_cached_tokens: int = 0
     prefix: list[Entry] | None = None
     pruned: list[str] = field(default_factory=list)  # what pruning cleared (placeholders)

@@ -219,17 +219,26 @@ def reply_of(call: SharedCall, body: Any, model: str) -> SharedReply | None:
                 int(usage.get("input_tokens") or 0), int(usage.get("output_tokens") or 0),
                 model, int(cached),
             )  # fmt: skip
-        choice = body["choices"][0]
-        message = choice.get("message") or {}
-        content = message.get("content")
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        return SharedReply(
-            content if isinstance(content, str) else "", choice.get("finish_reason"),
-            int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
-            model, int(cached),
-        )  # fmt: skip
+        return chat_reply(body, model)
     except (KeyError, IndexError, TypeError, AttributeError, ValueError):
         return None
+
+
+def chat_reply(body: dict[str, Any], model: str) -> SharedReply:
+    """A chat completion's text and usage (the standalone calls' answers too); raises
+    ``KeyError``, ``IndexError``, ``TypeError``, ``AttributeError`` or ``ValueError`` when
+    the body is not one."""
+    got = body.get("usage")
+    usage: dict[str, Any] = got if isinstance(got, dict) else {}
+    choice = body["choices"][0]
+    message = choice.get("message") or {}
+    content = message.get("content")
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    return SharedReply(
+        content if isinstance(content, str) else "", choice.get("finish_reason"),
+        int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+        model, int(cached),
+    )  # fmt: skip
 
 
 def cheaper(

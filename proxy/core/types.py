@@ -70,7 +70,7 @@ class CompactionEvent(_EventBase):
     confidence: float
     duration_s: float
     llm_tokens: int
-    llm_cached_tokens: NotRequired[int]  # of llm_tokens, read from the conversation's cache
+    llm_cached_tokens: NotRequired[int]  # of llm_tokens, read from the provider's cache
     prefix_hash: str
     facts_kept: int
     facts_dropped: int

@@ -275,8 +275,8 @@ def conversation_body(detail: dict[str, Any], hist: dict[str, Any]) -> str:
 
 
 def _cached_note(cached: object) -> str:
-    """How much of the summarizer's input the provider read from the conversation's own
-    cache (a summary asked in the client's shape), or nothing."""
+    """How much of the detector's and summarizer's input the provider read from its prompt
+    cache (most of it when the summary was asked in the client's shape), or nothing."""
     if not isinstance(cached, int) or isinstance(cached, bool) or cached <= 0:
         return ""
-    return f' <span class="mute">({fmt_int(cached)} read from the conversation\'s cache)</span>'
+    return f' <span class="mute">({fmt_int(cached)} read from the provider\'s cache)</span>'

@@ -25,8 +25,9 @@ def ledger_exposition(totals: Mapping[str, Any], phantom: bool) -> bytes:
          totals.get("actual_usd", 0.0)),
         ("compaction_llm_usd", "Dollars spent on detector and summarizer calls.",
          totals.get("llm_usd", 0.0)),
-        ("compaction_llm_cached_tokens", "Prompt tokens of the summarizer calls asked in the "
-         "client's shape that the provider read from the conversation's prompt cache.",
+        ("compaction_llm_cached_tokens", "Prompt tokens of the detector and summarizer calls "
+         "that the provider read from its prompt cache (most of a summary asked in the "
+         "client's shape: the conversation's own cache).",
          totals.get("llm_cached_tokens", 0)),
         ("kept_within_window_requests", "Requests longer than the model's context window as "
          "sent: what compaction took off them is not counted as saved.",

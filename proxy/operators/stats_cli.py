@@ -81,7 +81,7 @@ def _rollout_lines(totals: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _llm_spend(totals: dict[str, Any]) -> str:
     """What the compactions' own calls cost (in the net figure), and how much of their input
-    the provider read from the conversations' caches (summaries asked in the client's shape)."""
+    the provider read from its cache (summaries asked in the client's shape, mostly)."""
     spend = f"{fmt_usd(totals.get('llm_usd', 0.0))}, {fmt_int(totals.get('llm_tokens'))} tokens"
     cached = totals.get("llm_cached_tokens")
     return f"{spend} ({fmt_int(cached)} read from the cache)" if cached else spend
