@@ -332,7 +332,7 @@ def record_compaction(
         meta["compactions"] = meta.get("compactions", 0) + 1
         meta["llm_tokens"] = meta.get("llm_tokens", 0) + llm_tokens
         meta["llm_usd"] = meta.get("llm_usd", 0.0) + llm_usd
-        if llm_cached_tokens:  # a summary asked in the client's shape read its cache
+        if llm_cached_tokens:  # the provider read some of the calls' input from its cache
             meta["llm_cached_tokens"] = meta.get("llm_cached_tokens", 0) + llm_cached_tokens
         by_case = meta.setdefault("compactions_by_case", {})
         by_case[case] = by_case.get(case, 0) + 1

@@ -106,7 +106,7 @@ def render(totals: dict[str, Any], conversations: Sequence[dict[str, Any]], sour
             f"{fmt_int(totals.get('kept_window_tokens'))} tokens (not counted as saved)",
         ),
         ("compactions", fmt_int(totals.get("compactions"))),
-        ("detector/summarizer calls", _llm_spend(totals)),
+        ("detector/summarizer spend", _llm_spend(totals)),
         ("compaction failures", fmt_int(totals.get("compaction_failures"))),
         (
             "key facts kept / dropped",
