@@ -14,7 +14,7 @@ from proxy.core.tokens import TokenCounter
 from tests.checks import INLINE, assert_facts_present
 from tests.conversations import tool_result, user_turns
 from tests.proxyproc import ProxyProcess
-from tests.upstream import ScriptedUpstream
+from tests.upstream import ScriptedUpstream, strip_marks
 
 MODEL = "claude-sonnet-4-5-20250929"
 SYSTEM = "You are a careful coding assistant for the billing service."
@@ -28,17 +28,9 @@ def _tokens(system: str, messages: list[dict[str, Any]]) -> int:
     return _counter.count_total([{"role": "system", "content": system}, *messages], MODEL)
 
 
-def _strip_marks(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _strip_marks(v) for k, v in value.items() if k != "cache_control"}
-    if isinstance(value, list):
-        return [_strip_marks(v) for v in value]
-    return value
-
-
 def _plain(content: Any) -> Any:
     """Content as the client wrote it: a marked one-block list back to its string."""
-    content = _strip_marks(content)
+    content = strip_marks(content)
     if isinstance(content, list) and len(content) == 1 and content[0].get("type") == "text":
         if set(content[0]) == {"type", "text"}:
             return content[0]["text"]
@@ -120,7 +112,7 @@ def test_messages_route_compacts_a_tool_using_conversation(tmp_path: Path, strea
         summaries = 0
         for client_msgs, body in zip(sent, forwarded, strict=True):
             assert _plain(body["system"]) == SYSTEM, "system prompt changed"
-            msgs = [{**m, "content": _strip_marks(m["content"])} for m in body["messages"]]
+            msgs = [{**m, "content": strip_marks(m["content"])} for m in body["messages"]]
             # User and assistant turns alternate: the summary is a block of one user turn,
             # after the pins (the task first, verbatim) and before the first kept user turn.
             roles = [m["role"] for m in msgs]

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import orjson
-import httpx
 import pytest
 
 from proxy.core import sharedcall, timing
@@ -24,8 +24,8 @@ from tests.agentclients import wait_for
 from tests.checks import INLINE, assert_facts_present
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess
-from tests.test_anthropic_route import MODEL, SYSTEM, _drive, _plain, _strip_marks
-from tests.upstream import SHARED_MARK, ScriptedUpstream, default_summarizer
+from tests.test_anthropic_route import MODEL, SYSTEM, _drive, _plain
+from tests.upstream import SHARED_MARK, ScriptedUpstream, default_summarizer, strip_marks
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 BUDGET = INLINE["summary_budget_tokens"]
@@ -83,10 +83,10 @@ def test_claude_summaries_read_the_conversations_cache(tmp_path: Path) -> None:
             last = body["messages"][-1]
             assert last["role"] == "user" and _last_text(last).startswith(MARK)
             # The scripted summary of that call is what the next request forwards.
-            summary = default_summarizer({"messages": _strip_marks(body["messages"])})
+            summary = default_summarizer({"messages": strip_marks(body["messages"])})
             after = [r for r in forwarded if r.at > call.at][0].json
             assert summary.splitlines()[0] in orjson.dumps(after["messages"]).decode()
-        assert_facts_present(_strip_marks(forwarded[-1].json["messages"]))
+        assert_facts_present(strip_marks(forwarded[-1].json["messages"]))
         assert up.rejections == []
     # Operators see what the provider read from the cache: per compaction and in total.
     detail, page, metrics, stats = seen

@@ -135,6 +135,15 @@ def default_summarizer(request_json: dict) -> str:
     return "\n".join(facts) if facts else transcript[:200]
 
 
+def strip_marks(value: Any) -> Any:
+    """``value`` without any ``cache_control``, at any depth."""
+    if isinstance(value, dict):
+        return {k: strip_marks(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [strip_marks(v) for v in value]
+    return value
+
+
 def cache_view(messages: Any) -> Any:
     """What a provider's prompt cache keys on: the content, not where the breakpoints sit
     (Anthropic's ``cache_control`` moves from request to request and reads the cache the
@@ -142,19 +151,10 @@ def cache_view(messages: Any) -> Any:
     if not isinstance(messages, list):
         return messages
     out = []
-    for m in messages:
-        if not isinstance(m, dict):
-            out.append(m)
-            continue
-        content = m.get("content")
-        if isinstance(content, str):
-            content = [{"type": "text", "text": content}]
-        elif isinstance(content, list):
-            content = [
-                {k: v for k, v in b.items() if k != "cache_control"} if isinstance(b, dict) else b
-                for b in content
-            ]
-        out.append({**{k: v for k, v in m.items() if k != "cache_control"}, "content": content})
+    for m in strip_marks(messages):
+        if isinstance(m, dict) and isinstance(m.get("content"), str):
+            m = {**m, "content": [{"type": "text", "text": m["content"]}]}
+        out.append(m)
     return out
 
 
