@@ -11,7 +11,7 @@ from typing import Any
 
 from proxy.adapters.store import Store, get_list
 from proxy.core.records import conv_key
-from proxy.operators import index, reqlog
+from proxy.operators import history, index, reqlog
 
 
 def adopt(
@@ -49,7 +49,7 @@ def adopt(
     if events:
         store.extend(conv_key("ev", tenant, conversation), events, retention_s, 500)
     # The row goes (its lists expire with their retention).
-    for kind in ("conv", "orig"):
-        store.delete(conv_key(kind, tenant, earlier))
+    store.delete(conv_key("conv", tenant, earlier))
+    history.delete(store, tenant, earlier)
     index.remove(store, tenant, earlier, str(old.get("model") or ""))
     return True

@@ -20,7 +20,7 @@ from proxy.core.records import (
 )
 from proxy.core.tokens import TokenCounter
 from proxy.core.types import CompactionEvent, Failure
-from proxy.operators import reqlog
+from proxy.operators import history, reqlog
 from proxy.operators.events import Failed, read_events, split
 from proxy.operators.figures import derive
 from proxy.operators.queries import conversation_id
@@ -47,10 +47,7 @@ def _current_record(
 def histories(store: Store, counter: TokenCounter, tenant: str, conv: str) -> dict[str, Any]:
     """The history the client last sent and what the proxy forwards for it now, side by side,
     with per-message token counts (counted as the proxy counts them)."""
-    raw = store.get(conv_key("orig", tenant, conv))
-    original: list[dict[str, Any]] = (
-        [m for m in raw if isinstance(m, dict)] if isinstance(raw, list) else []
-    )
+    original = history.read(store, tenant, conv)
     meta = store.get(conv_key("conv", tenant, conv))
     model = str(meta.get("model") or "") if isinstance(meta, dict) else ""
     record = _current_record(store, tenant, conv, original) if original else None

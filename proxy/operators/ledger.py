@@ -17,7 +17,7 @@ from proxy.core import billing, costs
 from proxy.core.errors import StoreError
 from proxy.core.records import conv_key
 from proxy.core.types import Case, CaseName
-from proxy.operators import index, phantom, reqlog
+from proxy.operators import history, index, phantom, reqlog
 from proxy.operators.adopt import adopt
 from proxy.operators.entry import RequestEntry as RequestEntry
 from proxy.operators.entry import usage_numbers as usage_numbers
@@ -266,7 +266,7 @@ def record_batch(
             if original is None:
                 continue
             try:
-                store.set(conv_key("orig", tenant, conversation), original, retention_s)
+                history.write(store, tenant, conversation, original, retention_s)
                 break
             except StoreError:
                 raise

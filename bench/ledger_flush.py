@@ -1,0 +1,123 @@
+"""The ledger's writer CPU per request when each flush holds one request per conversation.
+
+    python -m bench.ledger_flush --before /tmp/before [--after .] [--rounds 5] [--json PATH]
+
+An agent sends a request every few seconds; the batched writer flushes every 0.2 s, so in
+real traffic each of its flushes holds one request of each conversation, and everything the
+ledger writes per conversation is paid per request. ``bench.cpu_ab`` sends one conversation
+(a flush holds ~80 of its requests), so its rows do not show that. Here, in process, for each
+source tree (run as a subprocess with the tree first on ``PYTHONPATH``): ``CONVERSATIONS``
+agent conversations each start at ``--history`` messages (``bench.agent_body``'s messages,
+repeated) and grow by a turn (an assistant message and a tool result) per flush; each flush
+is ``ledger.record_batch`` of one entry per conversation into a diskcache store, in one
+transaction as the writer does. The figure is the thread's CPU over ``FLUSHES`` flushes,
+divided by the requests they held (the first flush, which writes everything, is left out).
+``shared``: each request's messages are the previous one's very objects plus the new turn (a
+canonical body parsed from the previous one, ``proxy.core.reparse``); ``copied``: all parsed
+afresh (any other body). Rounds alternate the trees; medians. Nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+CONVERSATIONS = 8
+FLUSHES = 40
+HISTORIES = (50, 300, 2000)
+
+
+def _child(history: int, shared: bool) -> float:
+    """In the tree on ``sys.path``: CPU us of the ledger per request."""
+    from bench.agent_body import agent_body
+    from proxy.adapters.store import DiskStore
+    from proxy.operators import ledger
+
+    body = orjson.loads(agent_body(False))
+    turns = body["messages"][1:]
+    store = DiskStore(tempfile.mkdtemp(prefix="ledger-flush-"))
+    convs: dict[str, list[dict[str, Any]]] = {}
+    for c in range(CONVERSATIONS):
+        messages = [{**body["messages"][0], "content": f"conversation {c}"}]
+        while len(messages) < history:
+            messages.extend(turns)
+        convs[f"conv-{c}"] = messages[:history]
+
+    def entry(conv: str, n: int) -> Any:
+        return ledger.RequestEntry(
+            ts=time.time(), tenant="t" * 32, conversation=conv, model="gpt-4o-mini",
+            route="chat", case="none", status=200, original_messages=n,
+            forwarded_messages=n, original_tokens=20_000, forwarded_tokens=20_000,
+            prompt_tokens=20_000, cached_tokens=19_000, cache_write_tokens=0,
+            completion_tokens=100, latency_s=1.0, overhead_s=0.001,
+        )  # fmt: skip
+
+    spent = 0.0
+    for flush in range(FLUSHES + 1):
+        batch = []
+        for conv, messages in convs.items():
+            grown = messages if shared else orjson.loads(orjson.dumps(messages))
+            grown = grown + [
+                {"role": "assistant", "content": f"step {flush}: reading the next file"},
+                {"role": "user", "content": f"tool output {flush} " + "y" * 400},
+            ]
+            convs[conv] = grown
+            batch.append((entry(conv, len(grown)), grown))
+        started = time.thread_time()
+        with store.batch():
+            ledger.record_batch(store, batch, 7 * 86400)
+        if flush:
+            spent += time.thread_time() - started
+    return spent / (FLUSHES * CONVERSATIONS) * 1e6
+
+
+def _run(tree: Path, history: int, shared: bool) -> float:
+    """This file run as a script with ``tree`` on the path: its ``proxy`` is the one measured
+    (the old tree need not have this benchmark)."""
+    env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+    args = [sys.executable, __file__, "--child", str(history), str(int(shared))]
+    out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["--child"]:
+        print(_child(int(sys.argv[2]), sys.argv[3] == "1"))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--before", type=Path, required=True, help="the old source tree")
+    parser.add_argument("--after", type=Path, default=Path.cwd(), help="the new source tree")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    print("| history | messages | before (us of CPU per request) | after | ratio |")
+    print("|---|---|---:|---:|---:|")
+    for history in HISTORIES:
+        for shared in (True, False):
+            got: dict[str, list[float]] = {"before": [], "after": []}
+            for r in range(args.rounds):
+                order = ("before", "after") if r % 2 == 0 else ("after", "before")
+                for name in order:
+                    got[name].append(_run(getattr(args, name), history, shared))
+            before, after = (statistics.median(got[k]) for k in ("before", "after"))
+            kind = "shared" if shared else "copied"
+            rows.append({"history": history, "messages": kind, "before": before, "after": after})
+            print(f"| {history} | {kind} | {before:,.0f} | {after:,.0f} | {after / before:.2f} |")
+    print(f"load average {os.getloadavg()}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

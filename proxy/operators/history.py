@@ -1,0 +1,179 @@
+"""The history a conversation's client last sent (its page's left side), kept in segments.
+
+Kept whole under ``orig:<tenant>:<conversation>``, it was encoded and written again by every
+ledger flush that held a request of the conversation. An agent sends a request every few
+seconds, each in a flush of its own, so each of its requests paid for its whole history:
+~0.08 / 0.18 / 0.84 ms of the writer's CPU at 50 / 300 / 2,000 messages, and as many bytes
+written (diskcache puts a value over 32 KB in a file of its own; #28, docs/benchmarks.md).
+
+A history of more than ``SEGMENT`` messages now goes in segments of ``SEGMENT`` messages,
+``orig:<t>:<c>:<id>``, which a head under the old key lists, with the messages after the
+last full segment (``{"n": messages, "segments": [id, ...], "tail": [...]}``); a shorter
+one is written whole, as before (and an old whole list is read as it is). Each worker
+remembers, for its recent long conversations, which messages it last wrote in which segment
+(``Written``) and writes again only the segments whose messages changed, then the head: an
+agent's next turn writes the head alone, and a segment each ``SEGMENT`` messages. Segment
+ids are unique to the worker that wrote them, so no worker writes over another's segments: a
+head always names segments its own writer wrote, and two workers serving one conversation
+each write theirs.
+
+Messages are compared by value (``==``; the very objects when the body was parsed from the
+previous one, ``proxy.core.reparse``), so a segment whose values are equal but were written
+differently (keys in another order, ``1`` for ``1.0``) keeps the earlier writing. What a
+worker remembers is forgotten after ``REFRESH_S`` (its segments are then written again: none
+outlives its retention's half unrefreshed, and one lost meanwhile comes back) and beyond
+``MAX_CONVERSATIONS`` or ``MAX_MESSAGES`` held (long histories first to go: nothing is lost,
+their next flush writes them whole).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from proxy.adapters.store import Store, read_many
+from proxy.core.records import conv_key
+
+SEGMENT = 64  # messages a segment holds
+REFRESH_S = 600.0  # a worker's memory of what it wrote is trusted this long at most
+MAX_CONVERSATIONS = 256
+MAX_MESSAGES = 100_000  # messages remembered across conversations (most shared with the parser)
+
+
+@dataclass(frozen=True)
+class Written:
+    """What this worker last wrote for one conversation: each segment's messages and id."""
+
+    segments: tuple[list[Any], ...]
+    ids: tuple[str, ...]
+    since: float  # when the oldest of them was written
+
+    @property
+    def size(self) -> int:
+        return sum(len(s) for s in self.segments)
+
+
+class _Memory:
+    """One worker's ``Written`` per conversation, bounded; thread-safe (the ledger writes in
+    a worker thread)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.by_conv: OrderedDict[tuple[str, str], Written] = OrderedDict()
+        self.held = 0
+        # Unique to this worker and process: another worker's segments are never named so.
+        self.prefix = f"{os.getpid():x}{os.urandom(4).hex()}"
+        self.counter = itertools.count()
+
+    def new_id(self) -> str:
+        return f"{self.prefix}.{next(self.counter):x}"
+
+    def pop(self, key: tuple[str, str]) -> Written | None:
+        with self.lock:
+            found = self.by_conv.pop(key, None)
+            self.held -= found.size if found else 0
+            return found
+
+    def put(self, key: tuple[str, str], written: Written) -> None:
+        with self.lock:
+            self.by_conv[key] = written
+            self.held += written.size
+            while self.by_conv and (
+                len(self.by_conv) > MAX_CONVERSATIONS or self.held > MAX_MESSAGES
+            ):
+                _, gone = self.by_conv.popitem(last=False)
+                self.held -= gone.size
+
+
+_memories: weakref.WeakKeyDictionary[Store, _Memory] = weakref.WeakKeyDictionary()
+_memories_lock = threading.Lock()
+
+
+def _memory(store: Store) -> _Memory:
+    with _memories_lock:
+        found = _memories.get(store)
+        if found is None:
+            found = _memories[store] = _Memory()
+        return found
+
+
+def write(
+    store: Store,
+    tenant: str,
+    conversation: str,
+    messages: list[Any],
+    retention_s: float | None,
+    now: float | None = None,
+) -> None:
+    """Store ``messages`` as the conversation's newest history (the ledger's writer thread).
+    Raises what the store or the encoder raises; the segments written before stay until
+    their retention, unnamed (``read`` never sees them)."""
+    base = conv_key("orig", tenant, conversation)
+    memory = _memory(store)
+    key = (tenant, conversation)
+    before = memory.pop(key)
+    if len(messages) <= SEGMENT:
+        store.set(base, messages, retention_s)
+        _drop(store, base, before.ids if before else ())
+        return
+    now = time.time() if now is None else now
+    fresh = before is not None and now - before.since < REFRESH_S
+    full = len(messages) // SEGMENT * SEGMENT
+    segments = tuple(messages[at : at + SEGMENT] for at in range(0, full, SEGMENT))
+    ids: list[str] = []
+    for i, segment in enumerate(segments):
+        if fresh and before and i < len(before.ids) and before.segments[i] == segment:
+            ids.append(before.ids[i])
+            continue
+        ids.append(memory.new_id())
+        store.set(f"{base}:{ids[-1]}", segment, retention_s)
+    # The messages after the last full segment go in the head: a conversation growing by a
+    # turn writes its head alone until the next segment fills.
+    head = {"n": len(messages), "segments": ids, "tail": messages[full:]}
+    store.set(base, head, retention_s)
+    since = before.since if fresh and before else now
+    memory.put(key, Written(segments, tuple(ids), since))
+    _drop(store, base, [i for i in (before.ids if before else ()) if i not in set(ids)])
+
+
+def _drop(store: Store, base: str, ids: Any) -> None:
+    """This worker's segments no head of its names any more (a reader that read the head
+    before finds one gone and reads again: ``read``)."""
+    for old in ids:
+        store.delete(f"{base}:{old}")
+
+
+def read(store: Store, tenant: str, conversation: str) -> list[dict[str, Any]]:
+    """The conversation's newest history (empty when none is stored, or when part of it is
+    gone: a segment lost to the store's size limit until its writer writes it again)."""
+    base = conv_key("orig", tenant, conversation)
+    for _ in range(3):  # a writer may replace the head and drop a segment between two reads
+        head = store.get(base)
+        if isinstance(head, list):  # short, or written whole by an earlier version
+            return [m for m in head if isinstance(m, dict)]
+        if not isinstance(head, dict) or not isinstance(head.get("segments"), list):
+            return []
+        names = [f"{base}:{i}" for i in head["segments"] if isinstance(i, str)]
+        got = read_many(store, names, ())
+        tail = head.get("tail")
+        if all(isinstance(got[n], list) for n in names) and isinstance(tail, list):
+            messages = [m for n in names for m in got[n] if isinstance(m, dict)]
+            messages += [m for m in tail if isinstance(m, dict)]
+            return messages if len(messages) == head.get("n") else []
+    return []
+
+
+def delete(store: Store, tenant: str, conversation: str) -> None:
+    """The history and its segments (a conversation merged into another, ``adopt``)."""
+    base = conv_key("orig", tenant, conversation)
+    head = store.get(base)
+    if isinstance(head, dict) and isinstance(head.get("segments"), list):
+        _drop(store, base, [i for i in head["segments"] if isinstance(i, str)])
+    store.delete(base)
+    _memory(store).pop((tenant, conversation))
