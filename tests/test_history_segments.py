@@ -143,6 +143,18 @@ def test_a_lost_segment_reads_as_no_history_until_the_refresh_writes_it_again(
     assert history.read(store, TENANT, CONV) == messages
 
 
+def test_segments_are_written_again_within_half_a_short_retention(tmp_path: Path) -> None:
+    store = CountingStore(tmp_path / "s")
+    messages = _messages(2 * SEGMENT + 1)
+    now = time.time()
+    history.write(store, TENANT, CONV, messages, 100, now=now)
+    store.written.clear()
+    history.write(store, TENANT, CONV, messages, 100, now=now + 40)
+    assert store.written == [BASE]
+    history.write(store, TENANT, CONV, messages, 100, now=now + 51)  # past half of 100 s
+    assert len(store.written) == 1 + 3  # both segments again and the head
+
+
 def test_a_whole_list_from_an_earlier_version_is_read_as_it_is(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "s")
     old = _messages(3 * SEGMENT)

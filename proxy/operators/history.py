@@ -20,10 +20,10 @@ each write theirs.
 Messages are compared by value (``==``; the very objects when the body was parsed from the
 previous one, ``proxy.core.reparse``), so a segment whose values are equal but were written
 differently (keys in another order, ``1`` for ``1.0``) keeps the earlier writing. What a
-worker remembers is forgotten after ``REFRESH_S`` (its segments are then written again: none
-outlives its retention's half unrefreshed, and one lost meanwhile comes back) and beyond
-``MAX_CONVERSATIONS`` or ``MAX_MESSAGES`` held (long histories first to go: nothing is lost,
-their next flush writes them whole).
+worker remembers is trusted for ``REFRESH_S`` at most, and half the retention when that is
+shorter (its segments are then written again: none expires while a head names it, and one
+lost meanwhile comes back), and forgotten beyond ``MAX_CONVERSATIONS`` or ``MAX_MESSAGES``
+held (the least recently written first: nothing is lost, the next flush writes it whole).
 """
 
 from __future__ import annotations
@@ -123,7 +123,8 @@ def write(
         _drop(store, base, before.ids if before else ())
         return
     now = time.time() if now is None else now
-    fresh = before is not None and now - before.since < REFRESH_S
+    trusted = min(REFRESH_S, retention_s / 2) if retention_s else REFRESH_S
+    fresh = before is not None and now - before.since < trusted
     full = len(messages) // SEGMENT * SEGMENT
     segments = tuple(messages[at : at + SEGMENT] for at in range(0, full, SEGMENT))
     ids: list[str] = []
