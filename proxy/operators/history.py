@@ -22,8 +22,10 @@ previous one, ``proxy.core.reparse``), so a segment whose values are equal but w
 differently (keys in another order, ``1`` for ``1.0``) keeps the earlier writing. What a
 worker remembers is trusted for ``REFRESH_S`` at most, and half the retention when that is
 shorter (its segments are then written again: none expires while a head names it, and one
-lost meanwhile comes back), and forgotten beyond ``MAX_CONVERSATIONS`` or ``MAX_MESSAGES``
-held (the least recently written first: nothing is lost, the next flush writes it whole).
+lost meanwhile comes back), and forgotten beyond ``MAX_CONVERSATIONS`` or ``MAX_BYTES``
+(the segments' size as written; the least recently written first: nothing is lost, the next
+flush writes it whole). Held objects are mostly the parser's own (``Reparser`` keeps 8 MB of
+recent bodies); a history parsed afresh each time is held here alone, hence the bound.
 """
 
 from __future__ import annotations
@@ -37,13 +39,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from proxy.adapters.store import Store, read_many
 from proxy.core.records import conv_key
 
 SEGMENT = 64  # messages a segment holds
 REFRESH_S = 600.0  # a worker's memory of what it wrote is trusted this long at most
 MAX_CONVERSATIONS = 256
-MAX_MESSAGES = 100_000  # messages remembered across conversations (most shared with the parser)
+MAX_BYTES = 16 * 1024 * 1024  # the remembered segments' size as written, all conversations
 
 
 @dataclass(frozen=True)
@@ -52,11 +56,12 @@ class Written:
 
     segments: tuple[list[Any], ...]
     ids: tuple[str, ...]
+    sizes: tuple[int, ...]  # each segment's bytes as written
     since: float  # when the oldest of them was written
 
     @property
     def size(self) -> int:
-        return sum(len(s) for s in self.segments)
+        return sum(self.sizes)
 
 
 class _Memory:
@@ -84,9 +89,7 @@ class _Memory:
         with self.lock:
             self.by_conv[key] = written
             self.held += written.size
-            while self.by_conv and (
-                len(self.by_conv) > MAX_CONVERSATIONS or self.held > MAX_MESSAGES
-            ):
+            while self.by_conv and (len(self.by_conv) > MAX_CONVERSATIONS or self.held > MAX_BYTES):
                 _, gone = self.by_conv.popitem(last=False)
                 self.held -= gone.size
 
@@ -128,18 +131,22 @@ def write(
     full = len(messages) // SEGMENT * SEGMENT
     segments = tuple(messages[at : at + SEGMENT] for at in range(0, full, SEGMENT))
     ids: list[str] = []
+    sizes: list[int] = []
     for i, segment in enumerate(segments):
         if fresh and before and i < len(before.ids) and before.segments[i] == segment:
             ids.append(before.ids[i])
+            sizes.append(before.sizes[i])
             continue
         ids.append(memory.new_id())
+        encoded = orjson.dumps(segment)  # (raises what the store's encoder would)
+        sizes.append(len(encoded))
         store.set(f"{base}:{ids[-1]}", segment, retention_s)
     # The messages after the last full segment go in the head: a conversation growing by a
     # turn writes its head alone until the next segment fills.
     head = {"n": len(messages), "segments": ids, "tail": messages[full:]}
     store.set(base, head, retention_s)
     since = before.since if fresh and before else now
-    memory.put(key, Written(segments, tuple(ids), since))
+    memory.put(key, Written(segments, tuple(ids), tuple(sizes), since))
     _drop(store, base, [i for i in (before.ids if before else ()) if i not in set(ids)])
 
 
