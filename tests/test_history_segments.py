@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from proxy.adapters.store import DiskStore, open_store
@@ -167,16 +168,17 @@ def test_a_whole_list_from_an_earlier_version_is_read_as_it_is(tmp_path: Path) -
 def test_memory_beyond_its_bound_is_forgotten_and_nothing_is_lost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(history, "MAX_BYTES", 12_000)
-    store = DiskStore(tmp_path / "s")
     histories = {f"c{i}": _messages(2 * SEGMENT + i, tag=str(i)) for i in range(4)}
+    one = len(orjson.dumps(histories["c0"][: 2 * SEGMENT]))  # one conversation's segments
+    monkeypatch.setattr(history, "MAX_BYTES", int(2.5 * one))  # room for two
+    store = DiskStore(tmp_path / "s")
     for _ in range(2):
         for conv, messages in histories.items():
             history.write(store, TENANT, conv, messages, None)
     for conv, messages in histories.items():
         assert history.read(store, TENANT, conv) == messages
     memory = history._memory(store)
-    assert 0 < memory.held <= 12_000 and 0 < len(memory.by_conv) < len(histories)
+    assert 0 < memory.held <= 2.5 * one and len(memory.by_conv) == 2
 
 
 def test_the_ledger_stores_a_long_history_in_segments_and_adopt_removes_them(

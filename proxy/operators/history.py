@@ -44,7 +44,7 @@ import orjson
 from proxy.adapters.store import Store, read_many
 from proxy.core.records import conv_key
 
-SEGMENT = 64  # messages a segment holds
+SEGMENT = 16  # messages a segment holds
 REFRESH_S = 600.0  # a worker's memory of what it wrote is trusted this long at most
 MAX_CONVERSATIONS = 256
 MAX_BYTES = 16 * 1024 * 1024  # the remembered segments' size as written, all conversations
@@ -147,7 +147,8 @@ def write(
     store.set(base, head, retention_s)
     since = before.since if fresh and before else now
     memory.put(key, Written(segments, tuple(ids), tuple(sizes), since))
-    _drop(store, base, [i for i in (before.ids if before else ()) if i not in set(ids)])
+    kept = set(ids)
+    _drop(store, base, [i for i in (before.ids if before else ()) if i not in kept])
 
 
 def _drop(store: Store, base: str, ids: Any) -> None:
