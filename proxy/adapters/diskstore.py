@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from proxy.adapters.diskrows import INLINE_BYTES, fetch_row, put_row
 from proxy.adapters.sortedsets import SortedSets
 from proxy.adapters.storevalues import WriteFailures, dump, load
 from proxy.core.errors import StoreError
@@ -33,11 +34,6 @@ log = logging.getLogger("compaction_proxy.store")
 
 _ERRORS = (OSError, sqlite3.Error)
 _FILES = ("cache.db", "index.db")
-# Values up to this size are kept in the database rather than in a file of their own
-# (diskcache's default: from 32 KiB). The ledger rewrites a conversation's request list and
-# history on every flush; as files each write cost 0.5-0.7 ms of CPU and 4-6 ms of wall time
-# (a new file and directory, the old ones removed), inline 0.1 ms (#28, docs/benchmarks.md).
-INLINE_BYTES = 8 * 1024 * 1024
 # diskcache removes expired values (and evicts past the size limit) on every ``set`` by
 # default: a query and a check of the file's size each time, 6 us on a small value and
 # 56 us on a 33 KB one (a conversation's history, written by every flush that has a request
@@ -226,7 +222,8 @@ class DiskStore(WriteFailures):
         return got
 
     def set(self, key: str, value: Any, ttl: float | None = None) -> None:
-        self._write(lambda: self._cache.set(key, dump(value), expire=ttl))
+        body = dump(value)
+        self._write(lambda: put_row(self._cache, key, body, ttl))
 
     def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
         return bool(self._write(lambda: self._cache.add(key, dump(value), expire=ttl)))
@@ -236,9 +233,9 @@ class DiskStore(WriteFailures):
 
     def incr(self, key: str, delta: float = 1, ttl: float | None = None) -> float:
         def run(cache: Any) -> float:
-            current = load(cache.get(key)) or 0
+            current = load(fetch_row(cache, key)[0]) or 0
             value = (current if isinstance(current, int | float) else 0) + delta
-            cache.set(key, dump(value), expire=ttl)
+            put_row(cache, key, dump(value), ttl)
             return value
 
         return float(self._transact(run))
@@ -252,7 +249,7 @@ class DiskStore(WriteFailures):
         """Atomic append of several items (one transaction), keeping the newest ``max_items``."""
 
         def run(cache: Any) -> None:
-            raw, count = cache.get(key, tag=True)
+            raw, count = fetch_row(cache, key)
             body = _appended(raw, count, items, max_items) if items else None
             if body is None:  # absent, written by ``set`` (no count), or not a list
                 current = load(raw)
@@ -262,7 +259,7 @@ class DiskStore(WriteFailures):
                 body, count = dump(kept), len(kept)
             else:
                 count = min(count + len(items), max_items)
-            cache.set(key, body, expire=ttl, tag=count)
+            put_row(cache, key, body, ttl, count)
 
         self._transact(run)
 
@@ -270,8 +267,8 @@ class DiskStore(WriteFailures):
         """Atomic read-modify-write: ``fn(old or None) -> new``, under one transaction."""
 
         def run(cache: Any) -> Any:
-            value = fn(load(cache.get(key)))
-            cache.set(key, dump(value), expire=ttl)
+            value = fn(load(fetch_row(cache, key)[0]))
+            put_row(cache, key, dump(value), ttl)
             return value
 
         return self._transact(run)

@@ -1,0 +1,55 @@
+"""diskcache rows written and read in one statement each (``DiskStore``'s hot writes, #28).
+
+What ``Cache.set`` and ``Cache.get`` do for this store's values (bytes under ``INLINE_BYTES``
+and ``str`` keys, kept in the row), in one statement each: the ledger's writer makes ~3 of
+each per conversation and flush, and diskcache's general path (a SELECT before the UPDATE,
+its retry and cleanup machinery) was most of each write's cost (docs/benchmarks.md). A key
+that is absent, or whose value is in a file, goes through diskcache's own ``set``. The
+columns are those ``Cache._row_update`` writes; diskcache's triggers keep its count and
+size (``Cache.check`` agrees: tests/test_diskrows.py).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from typing import Any
+
+# Values up to this size are kept in the database rather than in a file of their own
+# (diskcache's default: from 32 KiB). The ledger rewrites a conversation's request list and
+# history on every flush; as files each write cost 0.5-0.7 ms of CPU and 4-6 ms of wall time
+# (a new file and directory, the old ones removed), inline 0.1 ms (#28, docs/benchmarks.md).
+INLINE_BYTES = 8 * 1024 * 1024
+
+_UPDATE = (
+    "UPDATE Cache SET store_time = ?, expire_time = ?, access_time = ?, access_count = 0, "
+    "tag = ?, size = 0, mode = 1, filename = NULL, value = ? "
+    "WHERE key = ? AND raw = 1 AND filename IS NULL"
+)
+_SELECT = (
+    "SELECT mode, filename, value, tag FROM Cache WHERE key = ? AND raw = 1 "
+    "AND (expire_time IS NULL OR expire_time > ?)"
+)
+
+
+def put_row(cache: Any, key: str, body: bytes, ttl: float | None, tag: Any = None) -> None:
+    """``cache.set(key, body, expire=ttl, tag=tag)``: an UPDATE of the key's row in place."""
+    if len(body) < INLINE_BYTES:
+        now = time.time()
+        expire = None if ttl is None else now + ttl
+        args = (now, expire, now, tag, sqlite3.Binary(body), key)
+        if cache._sql(_UPDATE, args).rowcount == 1:
+            return
+    cache.set(key, body, expire=ttl, tag=tag)
+
+
+def fetch_row(cache: Any, key: str) -> tuple[Any, Any]:
+    """The value (bytes, or None when absent or expired) and its tag."""
+    row = cache._sql(_SELECT, (key, time.time())).fetchone()
+    if row is None:
+        return None, None
+    mode, filename, value, tag = row
+    try:
+        return cache._disk.fetch(mode, filename, value, False), tag
+    except OSError:  # its file was removed meanwhile: a miss, as for ``Cache.get``
+        return None, None
