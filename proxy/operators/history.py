@@ -4,7 +4,7 @@ Kept whole under ``orig:<tenant>:<conversation>``, it was encoded and written ag
 ledger flush that held a request of the conversation. An agent sends a request every few
 seconds, each in a flush of its own, so each of its requests paid for its whole history:
 ~0.08 / 0.18 / 0.84 ms of the writer's CPU at 50 / 300 / 2,000 messages, and as many bytes
-written (diskcache puts a value over 32 KB in a file of its own; #28, docs/benchmarks.md).
+written to the database (#28, docs/benchmarks.md).
 
 A history of more than ``SEGMENT`` messages now goes in segments of ``SEGMENT`` messages,
 ``orig:<t>:<c>:<id>``, which a head under the old key lists, with the messages after the
