@@ -1,6 +1,7 @@
 """The ledger's writer CPU per request when each flush holds one request per conversation.
 
-    python -m bench.ledger_flush --before /tmp/before [--after .] [--rounds 5] [--json PATH]
+    python -m bench.ledger_flush --before /tmp/before [--after .] [--rounds 5] [--history N]
+        [--json PATH]
 
 An agent sends a request every few seconds; the batched writer flushes every 0.2 s, so in
 real traffic each of its flushes holds one request of each conversation, and everything the
@@ -98,12 +99,13 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True, help="the old source tree")
     parser.add_argument("--after", type=Path, default=Path.cwd(), help="the new source tree")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--history", type=int, action="append", help="(repeatable)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     print("| history | messages | before (us of CPU per request) | after | ratio |")
     print("|---|---|---:|---:|---:|")
-    for history in HISTORIES:
+    for history in args.history or HISTORIES:
         for shared in (True, False):
             got: dict[str, list[float]] = {"before": [], "after": []}
             for r in range(args.rounds):
@@ -112,6 +114,9 @@ def main() -> None:
                     got[name].append(_run(getattr(args, name), history, shared))
             before, after = (statistics.median(got[k]) for k in ("before", "after"))
             kind = "shared" if shared else "copied"
+            pairs = zip(got["after"], got["before"], strict=True)
+            ratios = ", ".join(f"{a / b:.2f}" for a, b in pairs)
+            print(f"  ({history} {kind}: per-round ratios {ratios})", file=sys.stderr)
             rows.append({"history": history, "messages": kind, "before": before, "after": after})
             print(f"| {history} | {kind} | {before:,.0f} | {after:,.0f} | {after / before:.2f} |")
     print(f"load average {os.getloadavg()}")
