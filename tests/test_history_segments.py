@@ -111,22 +111,45 @@ def test_shrinking_below_a_segment_goes_back_to_one_value_and_drops_the_segments
     assert history.read(store, TENANT, CONV) == short
 
 
-def test_two_workers_each_write_their_own_segments(tmp_path: Path) -> None:
+def test_two_workers_share_the_segments_of_one_conversation(tmp_path: Path) -> None:
     """Two workers (two store objects on one directory, each with its memory) serving one
-    conversation in turn, its history growing and once edited: each read is the newest."""
-    a, b = DiskStore(tmp_path / "s"), DiskStore(tmp_path / "s")
-    messages = _messages(2 * SEGMENT)
-    for step in range(8):
-        messages = copy.deepcopy(messages) + _messages(3, tag=f"-{step}")[1:]
-        if step == 5:
+    conversation in turn, its history growing and once edited: each read is the newest, and
+    no segment is left that the head does not name (a segment's id is its content's hash)."""
+    a, b = CountingStore(tmp_path / "s"), CountingStore(tmp_path / "s")
+    messages = _messages(4 * SEGMENT)
+    for step in range(12):
+        messages = copy.deepcopy(messages) + _messages(5, tag=f"-{step}")[1:]
+        if step == 7:
             messages[1]["content"] = "edited"
         history.write(a if step % 2 else b, TENANT, CONV, messages, None)
         assert history.read(a, TENANT, CONV) == messages
         assert history.read(b, TENANT, CONV) == messages
-    # The last head's segments are all there (the other worker's stay until it writes again,
-    # or their retention ends).
-    names = {f"{BASE}:{i}" for i in a.get(BASE)["segments"]}
-    assert names <= _segment_keys(a)
+        named = {f"{BASE}:{i}" for i in a.get(BASE)["segments"]}
+        assert _segment_keys(a) == named
+    # Each worker wrote each segment once, when it first had it (not again each request).
+    for worker in (a, b):
+        writes = [k for k in worker.written if k != BASE]
+        assert writes and len(writes) == len(set(writes))
+
+
+def test_a_history_going_back_to_deleted_content_reads_as_none_never_wrong(
+    tmp_path: Path,
+) -> None:
+    """Two clients alternating on one history through two workers (X, Y, X): the worker that
+    remembers X names its segment, which the other deleted with Y. The page shows no history
+    until that worker's memory is refreshed, never a wrong one."""
+    a, b = DiskStore(tmp_path / "s"), DiskStore(tmp_path / "s")
+    x = _messages(2 * SEGMENT + 1, tag="-x")
+    y = copy.deepcopy(x)
+    y[1]["content"] = "y"
+    now = time.time()
+    history.write(a, TENANT, CONV, x, None, now=now)
+    history.write(b, TENANT, CONV, x, None, now=now)
+    history.write(b, TENANT, CONV, y, None, now=now)  # deletes x's first segment
+    history.write(a, TENANT, CONV, x, None, now=now + 1)  # remembers it: not written
+    assert history.read(a, TENANT, CONV) == []
+    history.write(a, TENANT, CONV, x, None, now=now + REFRESH_S + 1)
+    assert history.read(b, TENANT, CONV) == x
 
 
 def test_a_lost_segment_reads_as_no_history_until_the_refresh_writes_it_again(

@@ -12,10 +12,14 @@ last full segment (``{"n": messages, "segments": [id, ...], "tail": [...]}``); a
 one is written whole, as before (and an old whole list is read as it is). Each worker
 remembers, for its recent long conversations, which messages it last wrote in which segment
 (``Written``) and writes again only the segments whose messages changed, then the head: an
-agent's next turn writes the head alone, and a segment each ``SEGMENT`` messages. Segment
-ids are unique to the worker that wrote them, so no worker writes over another's segments: a
-head always names segments its own writer wrote, and two workers serving one conversation
-each write theirs.
+agent's next turn writes the head alone, and a segment each ``SEGMENT`` messages. A
+segment's id is the hash of its JSON (xxh3, 64 bits), so workers serving one conversation in
+turn write and name the same segments, and a key's content is the one its id says. A worker
+deletes the segments its previous head named and its new one does not (the head it has just
+written is the conversation's newest). Only a conversation whose content goes back to what
+one worker deleted meanwhile (two clients alternating on one history) can leave another
+worker's next head naming a deleted segment: that reads as no history until the worker's
+memory is refreshed (below).
 
 Messages are compared by value (``==``; the very objects when the body was parsed from the
 previous one, ``proxy.core.reparse``), so a segment whose values are equal but were written
@@ -30,8 +34,6 @@ recent bodies); a history parsed afresh each time is held here alone, hence the 
 
 from __future__ import annotations
 
-import itertools
-import os
 import threading
 import time
 import weakref
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import xxhash
 
 from proxy.adapters.store import Store, read_many
 from proxy.core.records import conv_key
@@ -72,12 +75,6 @@ class _Memory:
         self.lock = threading.Lock()
         self.by_conv: OrderedDict[tuple[str, str], Written] = OrderedDict()
         self.held = 0
-        # Unique to this worker and process: another worker's segments are never named so.
-        self.prefix = f"{os.getpid():x}{os.urandom(4).hex()}"
-        self.counter = itertools.count()
-
-    def new_id(self) -> str:
-        return f"{self.prefix}.{next(self.counter):x}"
 
     def pop(self, key: tuple[str, str]) -> Written | None:
         with self.lock:
@@ -137,8 +134,8 @@ def write(
             ids.append(before.ids[i])
             sizes.append(before.sizes[i])
             continue
-        ids.append(memory.new_id())
         encoded = orjson.dumps(segment)  # (raises what the store's encoder would)
+        ids.append(xxhash.xxh3_64_hexdigest(encoded))
         sizes.append(len(encoded))
         store.set(f"{base}:{ids[-1]}", segment, retention_s)
     # The messages after the last full segment go in the head: a conversation growing by a
@@ -152,8 +149,8 @@ def write(
 
 
 def _drop(store: Store, base: str, ids: Any) -> None:
-    """This worker's segments no head of its names any more (a reader that read the head
-    before finds one gone and reads again: ``read``)."""
+    """Segments the newest head does not name (a reader that read the head before finds one
+    gone and reads again: ``read``)."""
     for old in ids:
         store.delete(f"{base}:{old}")
 
