@@ -1,10 +1,10 @@
 """A conversation's last history kept in segments (``proxy.operators.history``, #28).
 
-What the operators' page reads back is always exactly the newest history written, whichever
-worker wrote it and whatever changed in it; a flush writes only the segments whose messages
-changed; no segment is left behind that no head names (but another worker's, until its
-retention). The end-to-end check through a real proxy and the official client is the last
-test.
+What the operators' page reads back is exactly the newest history written, whichever worker
+wrote it and whatever changed in it (or nothing, when a segment is gone: never a wrong
+history); a flush writes only the segments whose messages changed; no segment is left that
+the head does not name. The end-to-end check through a real proxy and the official client,
+and the one on a real Redis, come last.
 """
 
 from __future__ import annotations
