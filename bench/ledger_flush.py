@@ -1,7 +1,7 @@
 """The ledger's writer CPU per request when each flush holds one request per conversation.
 
     python -m bench.ledger_flush --before /tmp/before [--after .] [--rounds 5] [--history N]
-        [--json PATH]
+        [--conversations 8] [--json PATH]
 
 An agent sends a request every few seconds; the batched writer flushes every 0.2 s, so in
 real traffic each of its flushes holds one request of each conversation, and everything the
@@ -13,6 +13,7 @@ repeated) and grow by a turn (an assistant message and a tool result) per flush;
 is ``ledger.record_batch`` of one entry per conversation into a diskcache store, in one
 transaction as the writer does. The figure is the thread's CPU over ``FLUSHES`` flushes,
 divided by the requests they held (the first flush, which writes everything, is left out).
+``--conversations`` sets how many (the operators' sorted-set indexes grow with them).
 ``shared``: each request's messages are the previous one's very objects plus the new turn (a
 canonical body parsed from the previous one, ``proxy.core.reparse``); ``copied``: all parsed
 afresh (any other body). Rounds alternate the trees; medians. Nothing is asserted.
@@ -38,7 +39,7 @@ FLUSHES = 40
 HISTORIES = (50, 300, 2000)
 
 
-def _child(history: int, shared: bool) -> float:
+def _child(history: int, shared: bool, conversations: int) -> float:
     """In the tree on ``sys.path``: CPU us of the ledger per request."""
     from bench.agent_body import agent_body
     from proxy.adapters.store import DiskStore
@@ -48,7 +49,7 @@ def _child(history: int, shared: bool) -> float:
     turns = body["messages"][1:]
     store = DiskStore(tempfile.mkdtemp(prefix="ledger-flush-"))
     convs: dict[str, list[dict[str, Any]]] = {}
-    for c in range(CONVERSATIONS):
+    for c in range(conversations):
         messages = [{**body["messages"][0], "content": f"conversation {c}"}]
         while len(messages) < history:
             messages.extend(turns)
@@ -79,27 +80,28 @@ def _child(history: int, shared: bool) -> float:
             ledger.record_batch(store, batch, 7 * 86400)
         if flush:
             spent += time.thread_time() - started
-    return spent / (FLUSHES * CONVERSATIONS) * 1e6
+    return spent / (FLUSHES * conversations) * 1e6
 
 
-def _run(tree: Path, history: int, shared: bool) -> float:
+def _run(tree: Path, history: int, shared: bool, conversations: int) -> float:
     """This file run as a script with ``tree`` on the path: its ``proxy`` is the one measured
     (the old tree need not have this benchmark)."""
     env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
-    args = [sys.executable, __file__, "--child", str(history), str(int(shared))]
+    args = [sys.executable, __file__, "--child", str(history), str(int(shared)), str(conversations)]
     out = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        print(_child(int(sys.argv[2]), sys.argv[3] == "1"))
+        print(_child(int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--before", type=Path, required=True, help="the old source tree")
     parser.add_argument("--after", type=Path, default=Path.cwd(), help="the new source tree")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--history", type=int, action="append", help="(repeatable)")
+    parser.add_argument("--conversations", type=int, default=CONVERSATIONS)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
@@ -111,7 +113,8 @@ def main() -> None:
             for r in range(args.rounds):
                 order = ("before", "after") if r % 2 == 0 else ("after", "before")
                 for name in order:
-                    got[name].append(_run(getattr(args, name), history, shared))
+                    tree = getattr(args, name)
+                    got[name].append(_run(tree, history, shared, args.conversations))
             before, after = (statistics.median(got[k]) for k in ("before", "after"))
             kind = "shared" if shared else "copied"
             pairs = zip(got["after"], got["before"], strict=True)

@@ -18,10 +18,19 @@ drops the members not seen for that long (``sweep``); a page skips a member whos
 already gone.
 
 Stores written before these indexes existed: ``reindex.ensure`` builds them once.
+
+A flush writes only the sort columns that changed (``_Indexed``): of a conversation's 16
+index rows, ~6 (its savings, compactions, first seen) do not move while it stays below the
+trigger, and each upsert that rewrites an equal score costs the writer's CPU for nothing
+(~1.8 us a row on disk, #28, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
+import threading
+import time
+import weakref
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +47,8 @@ SORTED = (
     "saved_tokens", "saved_pct", "saved_usd", "compactions", "cached_tokens", "net_saved_usd",
 )  # fmt: skip
 SWEEP_BATCH = 200  # members dropped per flush at most (the rest go on the next ones)
+TRUSTED_S = 600.0  # what a worker remembers writing is trusted this long (or retention / 2)
+REMEMBERED = 4096  # conversations whose indexed scores a worker remembers
 
 
 def member(tenant: str, conversation: str) -> str:
@@ -84,10 +95,68 @@ class Seen:
     last_seen: float
     previous_model: str | None = None  # its model before this write, if it changed
     scores: Mapping[str, float] = field(default_factory=dict)  # ``sort_scores`` of its row
+    requests_before: Any = None  # its row's ``requests`` before this write (None: a new row)
 
 
-def add(store: Store, seen: Iterable[Seen]) -> None:
-    """Index conversations just written: every index touched in one ``zadd_many``."""
+class _Indexed:
+    """The sort scores this worker last wrote per conversation, and its row's ``requests``
+    then. A column is left out when its score is the one written then and the row's
+    ``requests`` before this write is the one after that write: no other ledger write came
+    between (each adds requests), so the index still holds that score. Whatever else writes
+    the row (a compaction's charge, a mark) changes scores, which the next ledger write
+    compares with what was indexed, not with the row. Every column is written again once the
+    memory is ``TRUSTED_S`` old (or half the retention), so an index that lost a member by
+    other means (a sweep while its row lived on) gets it back."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        # member -> (since: when every column was last written, requests after, scores)
+        self.by_member: OrderedDict[str, tuple[float, float, Mapping[str, float]]] = OrderedDict()
+
+    def known(self, s: Seen, trusted: float, now: float) -> tuple[float, Mapping[str, float]]:
+        """Since when, and which scores of ``s``, the index is known to hold (``now``, {}
+        when not known: every column is written)."""
+        with self.lock:
+            last = self.by_member.get(member(s.tenant, s.conversation))
+        if last is None or s.requests_before is None or now - last[0] >= trusted:
+            return now, {}
+        since, requests, scores = last
+        return (since, scores) if requests == float(s.requests_before) else (now, {})
+
+    def remember(self, written: list[tuple[Seen, float]]) -> None:
+        with self.lock:
+            for s, since in written:
+                name = member(s.tenant, s.conversation)
+                self.by_member[name] = (since, s.scores.get("requests", -1.0), s.scores)
+                self.by_member.move_to_end(name)
+            while len(self.by_member) > REMEMBERED:
+                self.by_member.popitem(last=False)
+
+    def forget(self, names: Iterable[str]) -> None:
+        with self.lock:
+            for name in names:
+                self.by_member.pop(name, None)
+
+
+_indexed: weakref.WeakKeyDictionary[Store, _Indexed] = weakref.WeakKeyDictionary()
+_indexed_lock = threading.Lock()
+
+
+def _indexed_of(store: Store) -> _Indexed:
+    with _indexed_lock:
+        found = _indexed.get(store)
+        if found is None:
+            found = _indexed[store] = _Indexed()
+        return found
+
+
+def add(store: Store, seen: Iterable[Seen], retention_s: float | None = None) -> None:
+    """Index conversations just written: every index touched in one ``zadd_many``; a sort
+    column whose score this worker wrote last time is left out (``_Indexed``)."""
+    seen = list(seen)
+    written: list[tuple[Seen, float]] = []
+    memory, now = _indexed_of(store), time.time()
+    trusted = min(TRUSTED_S, retention_s / 2) if retention_s else TRUSTED_S
     scores: dict[str, dict[str, float]] = {}
 
     def put(key: str, name: str, score: float) -> None:
@@ -100,16 +169,25 @@ def add(store: Store, seen: Iterable[Seen]) -> None:
             put(key, name, s.last_seen)
         put(TENANTS, s.tenant, s.last_seen)
         put(MODELS, s.model, s.last_seen)
+        since, known = memory.known(s, trusted, now)
+        written.append((s, since))
         for column, value in s.scores.items():
-            scores.setdefault(by_sort(column), {})[name] = value  # the newest row's figure
+            if known.get(column) != value:
+                scores.setdefault(by_sort(column), {})[name] = value  # the newest row's figure
         if s.previous_model is not None and s.previous_model != s.model:
             store.zrem(by_model(s.previous_model), [name])
-    store.zadd_many(scores)
+    try:
+        store.zadd_many(scores)
+    except BaseException:  # written in part or not at all: each is written whole next time
+        memory.forget(member(s.tenant, s.conversation) for s in seen)
+        raise
+    memory.remember(written)
 
 
 def remove(store: Store, tenant: str, conversation: str, model: str) -> None:
     """Take a conversation whose row was deleted out of the indexes."""
     name = member(tenant, conversation)
+    _indexed_of(store).forget([name])
     for key in (SEEN, by_tenant(tenant), by_model(model), *map(by_sort, SORTED)):
         store.zrem(key, [name])
 

@@ -26,8 +26,6 @@ from proxy.operators.events import as_event, split
 log = logging.getLogger("compaction_proxy.ledger")
 
 TOTALS_KEY = "totals"
-
-
 _MAX_COMPACTIONS_TRACKED = 64
 CLIENT_CLOSED = 499  # the status a stream the client abandoned is recorded with
 
@@ -227,7 +225,8 @@ def record_batch(
             by_hour: dict[str, dict[str, Any]] = added[(tenant, conversation)],
         ) -> Any:
             # Run again when the store retries (Redis, on a concurrent change): start afresh.
-            before["model"] = meta.get("model") if isinstance(meta, dict) else None
+            before.clear()
+            before.update(meta if isinstance(meta, dict) else {})  # (the row before this write)
             found.clear()
             shadow.clear()
             for entry, _ in items:
@@ -248,9 +247,8 @@ def record_batch(
                 nets[i] = net
             model, last_seen = str(meta.get("model") or ""), float(meta["last_seen"])
             scores = index.sort_scores(meta)
-            seen.append(
-                index.Seen(tenant, conversation, model, last_seen, before.get("model"), scores)
-            )
+            was = before.get("model"), scores, before.get("requests")
+            seen.append(index.Seen(tenant, conversation, model, last_seen, *was))
             rows = [
                 e.__dict__ | {"saved_tokens": e.saved_tokens, "net_usd": net}
                 for (e, _), net in zip(items, priced, strict=True)
@@ -294,16 +292,17 @@ def record_batch(
 
     totals = store.update(TOTALS_KEY, totals_update, None)
     phantom.warn(totals, len(batch))
-    # The operators' indexes, and what has expired out of them (index: O(page) reads).
-    index.add(store, [s for s in seen if (s.tenant, s.conversation) not in adopted])
-    if retention_s:
-        index.sweep(store, time.time() - retention_s)
     for hour, delta in hours.items():
 
         def hour_update(t: Any, hour: str = hour, delta: dict[str, Any] = delta) -> Any:
             return _merged(t if isinstance(t, dict) else {"hour": hour}, delta)
 
         store.update(f"hour:{hour}", hour_update, retention_s)
+    # The operators' indexes (O(page) reads) last: a batch that fails before them is rolled
+    # back (diskcache) with its index rows not written, which ``index._Indexed`` relies on.
+    index.add(store, [s for s in seen if (s.tenant, s.conversation) not in adopted], retention_s)
+    if retention_s:
+        index.sweep(store, time.time() - retention_s)
     return nets
 
 
