@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +45,7 @@ import xxhash
 
 from proxy.adapters.store import Store, read_many
 from proxy.core.records import conv_key
+from proxy.operators.perstore import PerStore
 
 SEGMENT = 16  # messages a segment holds
 REFRESH_S = 600.0  # a worker's memory of what it wrote is trusted this long at most
@@ -91,16 +91,11 @@ class _Memory:
                 self.held -= gone.size
 
 
-_memories: weakref.WeakKeyDictionary[Store, _Memory] = weakref.WeakKeyDictionary()
-_memories_lock = threading.Lock()
+_memories: PerStore[_Memory] = PerStore(_Memory)
 
 
 def _memory(store: Store) -> _Memory:
-    with _memories_lock:
-        found = _memories.get(store)
-        if found is None:
-            found = _memories[store] = _Memory()
-        return found
+    return _memories.of(store)
 
 
 def write(

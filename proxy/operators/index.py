@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from typing import Any
 
 from proxy.adapters.store import Store
 from proxy.operators.figures import derive
+from proxy.operators.perstore import PerStore
 
 SEEN = "ix:seen"
 TENANTS = "ix:tenants"
@@ -138,16 +138,7 @@ class _Indexed:
                 self.by_member.pop(name, None)
 
 
-_indexed: weakref.WeakKeyDictionary[Store, _Indexed] = weakref.WeakKeyDictionary()
-_indexed_lock = threading.Lock()
-
-
-def _indexed_of(store: Store) -> _Indexed:
-    with _indexed_lock:
-        found = _indexed.get(store)
-        if found is None:
-            found = _indexed[store] = _Indexed()
-        return found
+_indexed: PerStore[_Indexed] = PerStore(_Indexed)
 
 
 def add(store: Store, seen: Iterable[Seen], retention_s: float | None = None) -> None:
@@ -155,7 +146,7 @@ def add(store: Store, seen: Iterable[Seen], retention_s: float | None = None) ->
     column whose score this worker wrote last time is left out (``_Indexed``)."""
     seen = list(seen)
     written: list[tuple[Seen, float]] = []
-    memory, now = _indexed_of(store), time.time()
+    memory, now = _indexed.of(store), time.time()
     trusted = min(TRUSTED_S, retention_s / 2) if retention_s else TRUSTED_S
     scores: dict[str, dict[str, float]] = {}
 
@@ -187,7 +178,7 @@ def add(store: Store, seen: Iterable[Seen], retention_s: float | None = None) ->
 def remove(store: Store, tenant: str, conversation: str, model: str) -> None:
     """Take a conversation whose row was deleted out of the indexes."""
     name = member(tenant, conversation)
-    _indexed_of(store).forget([name])
+    _indexed.of(store).forget([name])
     for key in (SEEN, by_tenant(tenant), by_model(model), *map(by_sort, SORTED)):
         store.zrem(key, [name])
 
