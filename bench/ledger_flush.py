@@ -11,7 +11,8 @@ source tree (run as a subprocess with the tree first on ``PYTHONPATH``): ``CONVE
 agent conversations each start at ``--history`` messages (``bench.agent_body``'s messages,
 repeated) and grow by a turn (an assistant message and a tool result) per flush; each flush
 is ``ledger.record_batch`` of one entry per conversation into a diskcache store, in one
-transaction as the writer does. The figure is the thread's CPU over ``FLUSHES`` flushes,
+transaction as the writer does (each entry names the id its session had before its first
+reply, as an agent's requests do). The figure is the thread's CPU over ``FLUSHES`` flushes,
 divided by the requests they held (the first flush, which writes everything, is left out).
 ``--conversations`` sets how many (the operators' sorted-set indexes grow with them).
 ``shared``: each request's messages are the previous one's very objects plus the new turn (a
@@ -62,6 +63,7 @@ def _child(history: int, shared: bool, conversations: int) -> float:
             forwarded_messages=n, original_tokens=20_000, forwarded_tokens=20_000,
             prompt_tokens=20_000, cached_tokens=19_000, cache_write_tokens=0,
             completion_tokens=100, latency_s=1.0, overhead_s=0.001,
+            earlier_conversation=f"first-{conv}",  # as every request after a first reply
         )  # fmt: skip
 
     spent = 0.0
