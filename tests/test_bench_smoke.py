@@ -302,3 +302,18 @@ def test_economics_refuses_an_unknown_llm_model() -> None:
         with pytest.raises(SystemExit) as refused:
             economics.main(["--smoke", "--llm-model", pair])
         assert refused.value.code == 2
+
+
+def test_ledger_flush_times_the_writers_parts() -> None:
+    """``bench.ledger_flush --parts``: each part is timed where the ledger calls it."""
+    from bench import ledger_flush
+
+    got = ledger_flush._child(20, True, 2, parts=True)
+    assert set(got) == {"total", *ledger_flush.PARTS}
+    assert all(got[part] > 0 for part in ledger_flush.PARTS), got
+    assert sum(got[part] for part in ledger_flush.PARTS) < got["total"]
+    from proxy.adapters.store import DiskStore
+    from proxy.operators import ledger
+
+    assert DiskStore.update.__qualname__ == "DiskStore.update"  # put back as it was
+    assert ledger.adopt.__module__ == "proxy.operators.adopt"
