@@ -53,6 +53,10 @@ class StoreConfig:
 class Limits:
     max_body_mb: float = 32.0
     body_timeout_s: float = 60.0  # the whole request body, from its first byte to its last
+    # Recent bodies a worker keeps (their bytes), so a body that resends one is parsed only
+    # past what they share (proxy.core.reparse; with their parsed values a worker holds
+    # ~2-3 times this).
+    reparse_memory_mb: float = 8.0
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import orjson
 import pytest
 import uvicorn
 
-from proxy.config import parse_config
+from proxy.config import ConfigError, parse_config
 from proxy.core import byteruns
 from proxy.core.fingerprint import fingerprints, prefix_chain
 from proxy.core.reparse import FIRST_PROBE, Reparser
@@ -446,12 +446,13 @@ class _Served:
     """The proxy's app (``create_app``, its lifespan run) served by uvicorn in a thread, as
     the CLI serves it (its one-write protocol)."""
 
-    def __init__(self, tmp: Path, upstream: str) -> None:
+    def __init__(self, tmp: Path, upstream: str, limits: dict[str, Any] | None = None) -> None:
         config = parse_config(
             {
                 "upstream": {"base_url": upstream},
                 "store": {"url": f"diskcache://{tmp / 'store'}"},
                 "compaction": {"trigger_tokens": 10_000_000},
+                "limits": limits or {},
             }
         )
         self.app = create_app(config)
@@ -515,6 +516,36 @@ def test_through_the_proxy_the_upstream_gets_what_the_client_sent(
     assert answer.status_code == 400
     assert "not valid JSON" in answer.json()["error"]["message"]
     assert reparser.reused == 5
+
+
+@pytest.mark.parametrize("memory_mb", [0, 64])
+def test_the_memory_for_recent_bodies_is_the_operators(tmp_path: Path, memory_mb: int) -> None:
+    """``limits.reparse_memory_mb``: 0 keeps no body (each is parsed whole), more keeps more
+    bodies; the upstream gets what the client sent either way."""
+    with ScriptedUpstream() as up:
+        proxy = _Served(tmp_path, up.base_url, {"reparse_memory_mb": memory_mb})
+        try:
+            client = openai.OpenAI(
+                api_key="sk-reparse", base_url=f"http://127.0.0.1:{proxy.port}/v1", max_retries=0
+            )
+            messages: list[dict[str, Any]] = _body(10)["messages"]
+            for turn in range(3):
+                messages.append({"role": "user", "content": f"question {turn} {FILLER}"})
+                reply = client.chat.completions.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
+                messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+            sent = [orjson.loads(r.body) for r in up.chat_requests()]
+            assert sent[-1]["messages"] == messages[:-1]
+            reparser: Reparser = proxy.app.state.reparser
+            assert reparser.max_bytes == memory_mb * 2**20
+            assert reparser.max_entries == max(128, memory_mb * 16)
+            assert reparser.reused == (2 if memory_mb else 0)
+        finally:
+            proxy.stop()
+
+
+def test_a_negative_memory_for_recent_bodies_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"limits\.reparse_memory_mb: must not be negative"):
+        parse_config({"limits": {"reparse_memory_mb": -1}})
 
 
 def test_a_big_body_with_a_small_new_part_is_handled_on_the_loop(

@@ -128,8 +128,12 @@ def create_app(
         service = build_service(effective, compaction_llm(config, client), store=store)
         app.state.res, app.state.client = service, client
         app.state.forwarder = Forwarder(client, wire)
-        # Recent bodies, so the next one of a conversation is parsed past what they share.
-        app.state.reparser = Reparser()
+        # Recent bodies, so the next one of a conversation is parsed past what they share:
+        # 128 bodies at least, more with more memory (50-message bodies are ~50 KB).
+        memory = config.limits.reparse_memory_mb
+        app.state.reparser = Reparser(
+            max_entries=max(128, int(memory * 16)), max_bytes=int(memory * 2**20)
+        )
         watcher = asyncio.get_running_loop().create_task(service.health.watch())
         try:
             yield
