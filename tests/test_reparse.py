@@ -429,6 +429,31 @@ def test_small_bodies_are_not_remembered_and_the_bounds_hold() -> None:
     assert len(rp) <= 16
 
 
+def test_sessions_alike_but_for_their_first_message_are_each_found() -> None:
+    """One agent's sessions: the same system prompt and message endings, another first user
+    message. They are filed together; a lookup rules out the others by their first bytes
+    and goes on to its own (it gave up after the first it looked at: one found in 12)."""
+    rp = Reparser(min_bytes=0)
+    sessions = []
+    for n in range(12):
+        body = _body(10)
+        body["messages"][1]["content"] = f"task {n}: " + FILLER
+        sessions.append(body)
+    for body in sessions:
+        _parse(rp, orjson.dumps(body))
+    for turn in range(2):
+        for body in sessions:
+            body["messages"] += [
+                {"role": "assistant", "content": f"step {turn} " + FILLER},
+                {"role": "user", "content": f"result {turn} " + FILLER},
+            ]
+            raw = orjson.dumps(body)
+            found = rp.parse(raw, "messages")
+            assert found is not None and found.body == orjson.loads(raw)
+            rp.accept(found)
+    assert rp.reused == 24
+
+
 def test_the_body_it_extends_is_replaced() -> None:
     rp, body = _remembered()
     for n in range(5):

@@ -240,11 +240,14 @@ def _extend(
     ]
     if not possible or compares[0] <= 0:
         return None
-    compares[0] -= 1
     prefix = entry.prefix
     low = possible[0][1]
     if not byteruns.starts_with(raw, prefix, min(_HEAD, low)):
-        return None  # (conversations alike but for their first messages: no full compare)
+        # Conversations alike but for their first messages (one agent's sessions: the same
+        # system prompt and message endings) are told apart here, not in a full compare: the
+        # lookup goes on to the next body filed with this one (it gave up at the first).
+        return None
+    compares[0] -= 1
     k, cut = possible[-1]
     if cut == cuts[-1] and byteruns.starts_with(raw, prefix, cut):
         return _with_rest(entry, k, raw, cut, max_fresh)  # (a body that extends the last)
