@@ -10,7 +10,8 @@ streaming and not), rounds interleaved in a rotating order. The figure is the se
 seconds over the measured window divided by the requests measured in it: CPU-microseconds
 per request, which depends little on who else shares the CPUs (req/s does). Medians over
 rounds; the load average is printed with the table. ``--conversations N`` sends N bodies
-that differ in their first message, in turn: N conversations, so the ledger's batched writer
+whose messages' text differs all through (as long, other words, as different sessions'
+does), in turn: N conversations, so the ledger's batched writer
 writes one row per conversation and flush as it does in real traffic (with one conversation
 a flush writes one row for ~80 requests). ``--floor`` adds ``bench.relay_floor``
 with ``--read-body`` (uvloop, httptools, every body parsed by orjson) in the same rounds.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -53,6 +55,7 @@ from tests.proxyproc import cli_path, free_port
 
 KEY = "sk-bench-cpu"
 AGENT = "agent"  # ``bench.agent_body``'s request: 53 messages, 24 tools, a 5.6 KB system prompt
+_WORDS = ("the", "file", "test", "read", "error", "line", "patch", "run", "diff", "value")
 SUBST = "subst-"  # + N: the N-message body of a conversation whose compaction is stored
 
 
@@ -98,7 +101,7 @@ class Tree:
 
 def bodies_of(history: int | str, stream: bool, conversations: int, work: Path) -> list[Path]:
     """``conversations`` request bodies of ``history`` messages (or ``AGENT``'s body) that
-    differ in their first message only: as many conversations to the proxy (one: the
+    differ in every message's text (as long): as many conversations to the proxy (one: the
     benchmark's usual body)."""
     paths = []
     for n in range(conversations):
@@ -108,9 +111,12 @@ def bodies_of(history: int | str, stream: bool, conversations: int, work: Path) 
             raw = request_body(int(history[len(SUBST) :]), stream)  # (one conversation)
         else:
             body = orjson.loads(request_body(int(history), stream))
-            if n:
-                first = body["messages"][0]
-                first["content"] = f"[conversation {n}] {first['content']}"
+            rng = random.Random(n)  # another session: other text, as long, all through
+            for message in body["messages"] if n else ():
+                if isinstance(message.get("content"), str):
+                    size = len(message["content"])
+                    words = " ".join(rng.choice(_WORDS) for _ in range(size // 4 + 1))
+                    message["content"] = words[:size]
             raw = orjson.dumps(body)
         path = work / f"body-{history}-{stream}-{n}.json"
         path.write_bytes(raw)
