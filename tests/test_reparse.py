@@ -511,18 +511,25 @@ def served(tmp_path: Path) -> Iterator[tuple[_Served, ScriptedUpstream]]:
             proxy.stop()
 
 
+def _converse(port: int, turns: int) -> list[dict[str, Any]]:
+    """``turns`` requests of one conversation with the official client, each resending the
+    last; the history with the last reply."""
+    client = openai.OpenAI(
+        api_key="sk-reparse", base_url=f"http://127.0.0.1:{port}/v1", max_retries=0
+    )
+    messages: list[dict[str, Any]] = _body(10)["messages"]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"question {turn} {FILLER}"})
+        reply = client.chat.completions.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
+        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    return messages
+
+
 def test_through_the_proxy_the_upstream_gets_what_the_client_sent(
     served: tuple[_Served, ScriptedUpstream],
 ) -> None:
     proxy, up = served
-    client = openai.OpenAI(
-        api_key="sk-reparse", base_url=f"http://127.0.0.1:{proxy.port}/v1", max_retries=0
-    )
-    messages: list[dict[str, Any]] = _body(10)["messages"]
-    for turn in range(6):
-        messages.append({"role": "user", "content": f"question {turn} {FILLER}"})
-        reply = client.chat.completions.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
-        messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+    messages = _converse(proxy.port, 6)
     sent = [orjson.loads(r.body) for r in up.chat_requests()]
     assert len(sent) == 6
     assert [len(b["messages"]) for b in sent] == [12 + 2 * t for t in range(6)]
@@ -550,14 +557,7 @@ def test_the_memory_for_recent_bodies_is_the_operators(tmp_path: Path, memory_mb
     with ScriptedUpstream() as up:
         proxy = _Served(tmp_path, up.base_url, {"reparse_memory_mb": memory_mb})
         try:
-            client = openai.OpenAI(
-                api_key="sk-reparse", base_url=f"http://127.0.0.1:{proxy.port}/v1", max_retries=0
-            )
-            messages: list[dict[str, Any]] = _body(10)["messages"]
-            for turn in range(3):
-                messages.append({"role": "user", "content": f"question {turn} {FILLER}"})
-                reply = client.chat.completions.create(model="gpt-4o", messages=messages)  # type: ignore[arg-type]
-                messages.append({"role": "assistant", "content": reply.choices[0].message.content})
+            messages = _converse(proxy.port, 3)
             sent = [orjson.loads(r.body) for r in up.chat_requests()]
             assert sent[-1]["messages"] == messages[:-1]
             reparser: Reparser = proxy.app.state.reparser
