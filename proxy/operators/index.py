@@ -19,10 +19,11 @@ already gone.
 
 Stores written before these indexes existed: ``reindex.ensure`` builds them once.
 
-A flush writes only the sort columns that changed (``_Indexed``): of a conversation's 16
-index rows, ~6 (its savings, compactions, first seen) do not move while it stays below the
-trigger, and each upsert that rewrites an equal score costs the writer's CPU for nothing
-(~1.8 us a row on disk, #28, docs/benchmarks.md).
+A flush writes only the sort columns that changed (``_Indexed``): of a conversation's 14
+index rows, 5-6 (its savings, compactions, first seen) do not move while it stays below the
+trigger, and an upsert that rewrites an equal score costs about what one that moves it does
+(on disk, in process: a conversation's 14 upserts ~105 us, its 9 moved ones ~62; #28,
+docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -118,10 +119,11 @@ class _Indexed:
         when not known: every column is written)."""
         with self.lock:
             last = self.by_member.get(member(s.tenant, s.conversation))
-        if last is None or s.requests_before is None or now - last[0] >= trusted:
+        before = s.requests_before
+        if last is None or not isinstance(before, int | float) or now - last[0] >= trusted:
             return now, {}
         since, requests, scores = last
-        return (since, scores) if requests == float(s.requests_before) else (now, {})
+        return (since, scores) if requests == float(before) else (now, {})
 
     def remember(self, written: list[tuple[Seen, float]]) -> None:
         with self.lock:
