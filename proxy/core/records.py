@@ -13,13 +13,12 @@ existed (head + summary) are still read.
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from proxy.core.messages import Message
+from proxy.core.recent import Recent
 from proxy.core.types import COMPACTION_CASES, CaseName
 
 MAX_CHECKPOINTS = 64
@@ -177,14 +176,12 @@ class KnownRecords:
     def __init__(self, retention_s: float | None = None, size: int = 128) -> None:
         self.retention_s = retention_s
         self.size = size
-        self._lock = threading.Lock()
-        self._by_key: OrderedDict[str, CompactionRecord] = OrderedDict()
+        self._by_key: Recent[str, CompactionRecord] = Recent(size)
 
     def get(self, key: str, cp: Checkpoint, now: float | None) -> CompactionRecord | None:
         if cp.created is None:
             return None  # a checkpoint from before: it names no record in particular
-        with self._lock:
-            record = self._by_key.get(key)
+        record = self._by_key.get(key)
         if record is None or record.created_at != cp.created:
             return None
         if record.k != cp.k or record.prefix_hash != cp.prefix_hash:
@@ -194,11 +191,7 @@ class KnownRecords:
         return record
 
     def put(self, key: str, record: CompactionRecord) -> None:
-        with self._lock:
-            self._by_key[key] = record
-            self._by_key.move_to_end(key)
-            while len(self._by_key) > self.size:
-                self._by_key.popitem(last=False)
+        self._by_key.put(key, record)
 
 
 def substitute(messages: Sequence[Message], record: CompactionRecord) -> list[Message]:

@@ -13,41 +13,20 @@ write) and asks again only after that.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
 from proxy.adapters.store import Store, get_list
 from proxy.core.records import conv_key
 from proxy.operators import history, index, reqlog
-from proxy.operators.perstore import PerStore
+from proxy.operators.perstore import PerStore, Recent, trusted_for
 
 KNOWN_S = 600.0  # a row this worker found is taken to exist this long (or retention / 2)
 REMEMBERED = 4096  # conversations whose row a worker remembers finding
 
 
-class _Known:
-    """Conversations whose row this worker found, with when (bounded; thread-safe)."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.at: OrderedDict[tuple[str, str], float] = OrderedDict()
-
-    def fresh(self, key: tuple[str, str], trusted: float, now: float) -> bool:
-        with self.lock:
-            found = self.at.get(key)
-        return found is not None and now - found < trusted
-
-    def found(self, key: tuple[str, str], now: float) -> None:
-        with self.lock:
-            self.at[key] = now
-            self.at.move_to_end(key)
-            while len(self.at) > REMEMBERED:
-                self.at.popitem(last=False)
-
-
-_known: PerStore[_Known] = PerStore(_Known)
+# Conversations whose row this worker found, with when.
+_known: PerStore[Recent[tuple[str, str], float]] = PerStore(lambda: Recent(REMEMBERED))
 
 
 def adopt(
@@ -58,11 +37,12 @@ def adopt(
     session's (one dashboard row per session). Sessions whose first requests were identical
     share that first row; the first of them to continue takes it. True when it took it."""
     known, now = _known.of(store), time.time()
-    if known.fresh((tenant, conversation), min(KNOWN_S, (retention_s or 2 * KNOWN_S) / 2), now):
+    found = known.get((tenant, conversation))
+    if found is not None and now - found < trusted_for(KNOWN_S, retention_s):
         return False
     current = store.get(conv_key("conv", tenant, conversation))
     if isinstance(current, dict) and current.get("requests"):
-        known.found((tenant, conversation), now)
+        known.put((tenant, conversation), now)
         return False  # this session's row exists already
     old = store.get(conv_key("conv", tenant, earlier))
     if not isinstance(old, dict):

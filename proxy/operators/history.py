@@ -45,7 +45,7 @@ import xxhash
 
 from proxy.adapters.store import Store, read_many
 from proxy.core.records import conv_key
-from proxy.operators.perstore import PerStore
+from proxy.operators.perstore import PerStore, trusted_for
 
 SEGMENT = 16  # messages a segment holds
 REFRESH_S = 600.0  # a worker's memory of what it wrote is trusted this long at most
@@ -118,7 +118,7 @@ def write(
         _drop(store, base, before.ids if before else ())
         return
     now = time.time() if now is None else now
-    trusted = min(REFRESH_S, retention_s / 2) if retention_s else REFRESH_S
+    trusted = trusted_for(REFRESH_S, retention_s)
     fresh = before is not None and now - before.since < trusted
     full = len(messages) // SEGMENT * SEGMENT
     segments = tuple(messages[at : at + SEGMENT] for at in range(0, full, SEGMENT))

@@ -28,16 +28,14 @@ docs/benchmarks.md).
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.adapters.store import Store
 from proxy.operators.figures import derive
-from proxy.operators.perstore import PerStore
+from proxy.operators.perstore import PerStore, Recent, trusted_for
 
 SEEN = "ix:seen"
 TENANTS = "ix:tenants"
@@ -110,15 +108,13 @@ class _Indexed:
     other means (a sweep while its row lived on) gets it back."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         # member -> (since: when every column was last written, requests after, scores)
-        self.by_member: OrderedDict[str, tuple[float, float, Mapping[str, float]]] = OrderedDict()
+        self.by_member: Recent[str, tuple[float, float, Mapping[str, float]]] = Recent(REMEMBERED)
 
     def known(self, s: Seen, trusted: float, now: float) -> tuple[float, Mapping[str, float]]:
         """Since when, and which scores of ``s``, the index is known to hold (``now``, {}
         when not known: every column is written)."""
-        with self.lock:
-            last = self.by_member.get(member(s.tenant, s.conversation))
+        last = self.by_member.get(member(s.tenant, s.conversation))
         before = s.requests_before
         if last is None or not isinstance(before, int | float) or now - last[0] >= trusted:
             return now, {}
@@ -126,18 +122,13 @@ class _Indexed:
         return (since, scores) if requests == float(before) else (now, {})
 
     def remember(self, written: list[tuple[Seen, float]]) -> None:
-        with self.lock:
-            for s, since in written:
-                name = member(s.tenant, s.conversation)
-                self.by_member[name] = (since, s.scores.get("requests", -1.0), s.scores)
-                self.by_member.move_to_end(name)
-            while len(self.by_member) > REMEMBERED:
-                self.by_member.popitem(last=False)
+        for s, since in written:
+            scores = (since, s.scores.get("requests", -1.0), s.scores)
+            self.by_member.put(member(s.tenant, s.conversation), scores)
 
     def forget(self, names: Iterable[str]) -> None:
-        with self.lock:
-            for name in names:
-                self.by_member.pop(name, None)
+        for name in names:
+            self.by_member.pop(name)
 
 
 _indexed: PerStore[_Indexed] = PerStore(_Indexed)
@@ -149,7 +140,7 @@ def add(store: Store, seen: Iterable[Seen], retention_s: float | None = None) ->
     seen = list(seen)
     written: list[tuple[Seen, float]] = []
     memory, now = _indexed.of(store), time.time()
-    trusted = min(TRUSTED_S, retention_s / 2) if retention_s else TRUSTED_S
+    trusted = trusted_for(TRUSTED_S, retention_s)
     scores: dict[str, dict[str, float]] = {}
 
     def put(key: str, name: str, score: float) -> None:

@@ -14,8 +14,15 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from proxy.adapters.store import Store
+from proxy.core.recent import Recent as Recent
 
 T = TypeVar("T")
+
+
+def trusted_for(limit_s: float, retention_s: float | None) -> float:
+    """How long a worker trusts its memory of a write: ``limit_s``, or half a shorter
+    retention (what it wrote lives at least its retention after the write)."""
+    return min(limit_s, retention_s / 2) if retention_s else limit_s
 
 
 class PerStore(Generic[T]):
