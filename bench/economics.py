@@ -46,8 +46,10 @@ billed $ over the whole session (requests, output and its detector/summarizer ca
 unchanged traffic's $ over the requests that fit the window, and the proxy's $ over those same
 requests (and the calls made meanwhile) ÷ it, and the floor's ÷ it; the client-compacting
 traffic's $ and the proxy's ÷ it, both over the whole session; cache-write ÷ cache-read tokens
-(OpenAI bills no writes: there, uncached ÷ cached input) for the proxy and for unchanged, and
-the proxy's cache writes ÷ unchanged's over the same requests; prefix breaks; LLM calls.
+(OpenAI bills no writes: there, uncached ÷ cached input) for the proxy and for unchanged over
+the same requests (those that fit the window), and in brackets the proxy's over the whole
+session, and the proxy's cache writes ÷ unchanged's over the same requests; prefix breaks;
+LLM calls.
 """
 
 from __future__ import annotations
@@ -180,8 +182,9 @@ class Result:
     peak_original: int
     fits: int  # requests that fit the window as sent
     proxy: Side = field(default_factory=Side)
-    proxy_fit_usd: float = 0.0  # the proxy's requests and calls while the history fitted
-    proxy_fit_missed: int = 0  # cache writes (OpenAI: uncached input) while it fitted
+    # The proxy's requests (and its calls meanwhile) while the history fitted the window: the
+    # requests ``unchanged`` has, so the two compare request for request.
+    proxy_fit: Side = field(default_factory=Side)
     # The least a compaction to the settings' target can bill over the same requests: each
     # past the trigger as if a free one (no calls, no rewrite) kept only ``target_tokens`` of
     # the history the previous request had, its new messages and output as they are.
@@ -251,8 +254,7 @@ async def replay(
                 result.fits += 1
                 was = billing.cached_prefix(rules, common_sent, idle)
                 result.unchanged.add(billing.bill(prices, rules, original, was, output))
-                result.proxy_fit_usd += bill.usd
-                result.proxy_fit_missed += bill.prompt - bill.cached
+                result.proxy_fit.add(bill)
                 old = min(common_sent, original)  # (the new messages: the rest)
                 held = min(old, target) if original > settings.trigger_tokens else old
                 result.floor_usd += billing.bill(prices, rules, original - old + held,
@@ -296,7 +298,7 @@ async def replay(
                 spent += costs.input_cost(prices, prompt, cached, written) + out * prices.output
             result.proxy.calls_usd += spent
             if fits:
-                result.proxy_fit_usd += spent
+                result.proxy_fit.calls_usd += spent
         store.close()
     result.proxy.calls = llm.calls
     result.compactions = cases
@@ -317,13 +319,16 @@ def summary(r: Result) -> dict[str, Any]:
         "requests": r.requests, "peak_original": r.peak_original, "fits": r.fits,
         "passes_trigger": r.peak_original > r.trigger,
         "proxy_usd": proxy_usd, "unchanged_usd": r.unchanged.usd, "client_usd": client_usd,
-        "vs_unchanged": ratio(r.proxy_fit_usd, r.unchanged.usd),
+        "vs_unchanged": ratio(r.proxy_fit.usd + r.proxy_fit.calls_usd, r.unchanged.usd),
         "floor_vs_unchanged": ratio(r.floor_usd, r.unchanged.usd),
         "vs_client": ratio(proxy_usd, client_usd),
         "net_saved_vs_client": client_usd - proxy_usd,
-        "write_read_proxy": r.proxy.write_read(rules),
+        # Over the requests that fit the window (all that ``unchanged`` has): a ratio over
+        # the whole session beside unchanged's over its first requests compared two traffics.
+        "write_read_proxy": r.proxy_fit.write_read(rules),
+        "write_read_proxy_session": r.proxy.write_read(rules),
         "missed_vs_unchanged": ratio(
-            r.proxy_fit_missed, r.unchanged.written + r.unchanged.uncached
+            r.proxy_fit.written + r.proxy_fit.uncached, r.unchanged.written + r.unchanged.uncached
         ),
         "write_read_unchanged": r.unchanged.write_read(rules),
         "prefix_breaks": r.proxy.breaks, "llm_calls": r.proxy.calls,
@@ -409,7 +414,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
         "| session | trigger | provider | policy | requests (fit the window) | peak sent | "
         "proxy $ | unchanged $ | ÷ unchanged | floor ÷ unchanged | client compacts $ | "
         "÷ client | "
-        "write÷read proxy / unchanged | writes ÷ unchanged's | prefix breaks | "
+        "write÷read proxy / unchanged (proxy, whole session) | writes ÷ unchanged's | "
+        "prefix breaks | "
         "LLM calls (compactions) | prunings |",
         "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -420,7 +426,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
             f"${s['unchanged_usd']:.3f} | **{s['vs_unchanged']:.3f}×** | "
             f"{s['floor_vs_unchanged']:.3f}× | ${s['client_usd']:.3f} | "
             f"{s['vs_client']:.3f}× | {s['write_read_proxy']:.3f} / "
-            f"{s['write_read_unchanged']:.3f} | {s['missed_vs_unchanged']:.2f}× | "
+            f"{s['write_read_unchanged']:.3f} ({s['write_read_proxy_session']:.3f}) | "
+            f"{s['missed_vs_unchanged']:.2f}× | "
             f"{s['prefix_breaks']} | "
             f"{s['llm_calls']} ({s['llm_compactions']}) | {s['prunings']} |"
         )

@@ -295,6 +295,24 @@ def test_economics_prices_the_summary_that_reads_the_cache() -> None:
     assert 0 < shared.proxy.calls_usd < alone.proxy.calls_usd
 
 
+def test_economics_compares_write_read_over_the_same_requests() -> None:
+    """The proxy's cache-write ÷ read beside unchanged's is over the requests unchanged has
+    (those that fit the window), not the proxy's whole session; the whole session's is
+    reported apart."""
+    from bench import economics
+
+    result = economics.Result("s", "anthropic", "cost", 24_000, 3, 0, 1)
+    result.unchanged = economics.Side(usd=1.0, read=100, written=10, requests=1)
+    result.proxy_fit = economics.Side(usd=0.5, read=50, written=10, requests=1)
+    result.proxy = economics.Side(usd=2.0, read=60, written=300, requests=3)
+    s = economics.summary(result)
+    assert s["write_read_proxy"] == pytest.approx(0.2)
+    assert s["write_read_unchanged"] == pytest.approx(0.1)
+    assert s["write_read_proxy_session"] == pytest.approx(5.0)
+    assert s["vs_unchanged"] == pytest.approx(0.5)
+    assert "0.200 / 0.100 (5.000)" in economics.markdown([s])
+
+
 def test_economics_refuses_an_unknown_llm_model() -> None:
     from bench import economics
 

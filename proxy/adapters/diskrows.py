@@ -15,6 +15,8 @@ import sqlite3
 import time
 from typing import Any
 
+from diskcache.core import MODE_RAW  # what ``Disk.store`` writes for bytes kept in the row
+
 # Values up to this size are kept in the database rather than in a file of their own
 # (diskcache's default: from 32 KiB). The ledger rewrites a conversation's request list and
 # history on every flush; as files each write cost 0.5-0.7 ms of CPU and 4-6 ms of wall time
@@ -23,7 +25,7 @@ INLINE_BYTES = 8 * 1024 * 1024
 
 _UPDATE = (
     "UPDATE Cache SET store_time = ?, expire_time = ?, access_time = ?, access_count = 0, "
-    "tag = ?, size = 0, mode = 1, filename = NULL, value = ? "
+    f"tag = ?, size = 0, mode = {MODE_RAW}, filename = NULL, value = ? "
     "WHERE key = ? AND raw = 1 AND filename IS NULL"
 )
 _SELECT = (

@@ -12,7 +12,6 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import httpx
@@ -44,14 +43,10 @@ _LITELLM_PROVIDERS = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class LLMReply:
-    text: str
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    model: str
-    cached_tokens: int = 0  # of prompt_tokens, read from the provider's prompt cache
+# A standalone call's answer has the fields of a shared call's (its ``cached_tokens``: of
+# ``prompt_tokens``, read from the provider's prompt cache; it reports no cache writes): one
+# type for both, the flow prices them alike (``proxy.core.flow_compact``).
+LLMReply = SharedReply
 
 
 class LLM(Protocol):
@@ -74,11 +69,9 @@ def _needs_litellm(model: str) -> bool:
 def reply_from(body: dict[str, Any], model: str) -> LLMReply:
     """An ``LLMReply`` from an OpenAI-shaped completion body, or ``CompactionFailed``."""
     try:
-        got = chat_reply(body, model)
+        return chat_reply(body, model)
     except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
         raise CompactionFailed(f"malformed completion: {exc}") from exc
-    return LLMReply(got.text, got.finish_reason, got.prompt_tokens, got.completion_tokens,
-                    model, got.cached_tokens)  # fmt: skip
 
 
 class HttpLLM:

@@ -55,7 +55,9 @@ class SharedCall:
 
 @dataclass(frozen=True)
 class SharedReply:
-    """The answer of a shared call, as the flow needs it (``proxy.core.commands.Reply``)."""
+    """The answer of a detector or summarizer call, as the flow needs it
+    (``proxy.core.commands.Reply``): a shared call's, or a standalone one's
+    (``proxy.adapters.llm.LLMReply`` is this type)."""
 
     text: str
     finish_reason: str | None
