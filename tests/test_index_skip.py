@@ -13,7 +13,9 @@ from an index, the memory's age.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -157,14 +159,16 @@ def test_two_workers_in_turn_charges_and_failures_keep_the_indexes_right(
             if not rolls_back:
                 lagging |= {index.member("t", e.conversation) for e in batch}
             continue
-        if roll < 0.25:  # the index write itself fails
+        if roll < 0.25:  # the index write itself fails: the rows are kept, the index lags
             real_z = store.zadd_many
             store.zadd_many = _raise  # type: ignore[method-assign]
-            with pytest.raises(StoreError):
+            if rolls_back:  # written once the batch committed: not a reason to lose it
                 flush(store, batch)
+            else:
+                with pytest.raises(StoreError):
+                    flush(store, batch)
             store.zadd_many = real_z  # type: ignore[method-assign]
-            if not rolls_back:
-                lagging |= {index.member("t", e.conversation) for e in batch}
+            lagging |= {index.member("t", e.conversation) for e in batch}
             continue
         flush(store, batch)
         lagging -= {index.member("t", e.conversation) for e in batch}
@@ -175,6 +179,39 @@ def test_two_workers_in_turn_charges_and_failures_keep_the_indexes_right(
 
 def _raise(sets: Any) -> None:
     raise StoreError("index unavailable")
+
+
+def test_a_commit_that_fails_writes_no_index_row(tmp_path: Path) -> None:
+    """The indexes are written once the batch is committed: a commit that fails (its rows
+    taken back) writes none, so no worker's memory trusts a score no row has. Written inside
+    the batch, the failed worker's scores stayed in the index and the other worker, whose
+    next scores equal those it wrote before, left them there."""
+    a, b = DiskStore(tmp_path), DiskStore(tmp_path)  # two workers on one directory
+    rng = random.Random(7)
+    first = entry("a", 1000.0, rng)
+    flush(b, [first])
+    real = a._cache.transact
+    depth = 0
+
+    @contextlib.contextmanager
+    def failing_commit(*args: Any, **kwargs: Any) -> Any:
+        nonlocal depth
+        outer, depth = depth == 0, depth + 1
+        try:
+            with real(*args, **kwargs):
+                yield
+                if outer:  # the whole batch's commit: diskcache rolls it back
+                    raise sqlite3.OperationalError("disk I/O error")
+        finally:
+            depth -= 1
+
+    a._cache.transact = failing_commit
+    with pytest.raises(StoreError):
+        flush(a, [dataclasses.replace(first, ts=1001.0, original_tokens=90_000)])
+    del a._cache.transact
+    assert_indexed(b)  # the index has the rows' scores, not the failed batch's
+    flush(b, [dataclasses.replace(first, ts=1002.0)])  # b's memory: only what moved
+    assert_indexed(b)
 
 
 def test_a_member_lost_from_an_index_comes_back_when_the_memory_is_old(

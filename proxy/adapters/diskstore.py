@@ -151,7 +151,8 @@ class DiskStore(WriteFailures):
         (#28). The files are checked once, when the batch begins: a deletion during the batch
         is found by the next write after it. A ``StoreError`` that leaves the batch rolls
         all of it back (the writer logs the batch as lost); files that cannot be opened when
-        it begins count as one failed write."""
+        it begins count as one failed write. What ``after_commit`` was given runs once the
+        transaction is committed, and not at all when it is rolled back."""
         if getattr(self._batching, "on", False):
             yield
             return
@@ -159,7 +160,7 @@ class DiskStore(WriteFailures):
             self.reopen_if_replaced()
         except StoreError as exc:  # the batch's writes cannot be made: counted as one
             raise self._failed_write(exc) from exc
-        self._batching.on = True
+        self._batching.on, self._batching.after = True, []
         try:
             with self._cache.transact():
                 yield
@@ -167,7 +168,23 @@ class DiskStore(WriteFailures):
             raise self._failed_write(StoreError(f"store unavailable: {exc}")) from exc
         finally:
             self._batching.on = False
+            after, self._batching.after = self._batching.after, []
+        for fn in after:
+            try:
+                fn()
+            except Exception as exc:  # the batch is committed: not lost for this
+                log.warning("write after the batch failed", extra={"error": str(exc)})
         self._cull_now_and_then()
+
+    def after_commit(self, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` (writes outside the key-value database: the sorted sets) once this
+        thread's batch is committed; now when it is in none. Why: the operators' indexes
+        (``index.db``) cannot be in diskcache's transaction, and written inside it they were
+        ahead of rows a failed commit took back."""
+        if getattr(self._batching, "on", False):
+            self._batching.after.append(fn)
+        else:
+            fn()
 
     def _cull_now_and_then(self) -> None:
         """Remove expired values and evict past the size limit, at most every

@@ -231,6 +231,16 @@ def read_many(store: Store, values: Sequence[str], lists: Sequence[str]) -> dict
     return got
 
 
+def after_commit(store: Store, fn: Callable[[], Any]) -> None:
+    """``fn()`` once the store's current batch is committed (``DiskStore.after_commit``);
+    now on a store without batches."""
+    hook = getattr(store, "after_commit", None)
+    if hook is not None:
+        hook(fn)
+    else:
+        fn()
+
+
 def get_list(store: Store, key: str) -> list[Any]:
     """The items ``append`` wrote under ``key`` (backends keep lists differently)."""
     if isinstance(store, RedisStore):

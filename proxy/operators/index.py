@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.adapters.store import Store
+from proxy.adapters.store import Store, after_commit
 from proxy.operators.figures import derive
 from proxy.operators.perstore import PerStore, Recent, trusted_for
 
@@ -132,6 +132,20 @@ class _Indexed:
 
 
 _indexed: PerStore[_Indexed] = PerStore(_Indexed)
+
+
+def write(store: Store, seen: Iterable[Seen], retention_s: float | None) -> None:
+    """``add``, and ``sweep`` past a retention, once the store's batch is committed: written
+    inside it, a commit that failed took the rows back and left these ahead of them (other
+    workers' memories then trusted scores no row had, for up to ``TRUSTED_S``)."""
+    seen = list(seen)
+
+    def run() -> None:
+        add(store, seen, retention_s)
+        if retention_s:
+            sweep(store, time.time() - retention_s)
+
+    after_commit(store, run)
 
 
 def add(store: Store, seen: Iterable[Seen], retention_s: float | None = None) -> None:

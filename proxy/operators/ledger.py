@@ -298,11 +298,9 @@ def record_batch(
             return _merged(t if isinstance(t, dict) else {"hour": hour}, delta)
 
         store.update(f"hour:{hour}", hour_update, retention_s)
-    # The operators' indexes (O(page) reads) last: a batch that fails before them is rolled
-    # back (diskcache) with its index rows not written, which ``index._Indexed`` relies on.
-    index.add(store, [s for s in seen if (s.tenant, s.conversation) not in adopted], retention_s)
-    if retention_s:
-        index.sweep(store, time.time() - retention_s)
+    # The operators' indexes (O(page) reads) once the batch is committed: one rolled back
+    # (diskcache) leaves them as they were, which ``index._Indexed`` relies on.
+    index.write(store, [s for s in seen if (s.tenant, s.conversation) not in adopted], retention_s)
     return nets
 
 
