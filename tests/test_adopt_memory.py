@@ -90,3 +90,31 @@ def test_a_short_retention_shortens_the_trust(
         seen.append(reads.of("session"))
     # Found (and remembered) at the first, trusted 10 and 40 s after, read again at 60 s.
     assert seen == [1, 0, 0, 1]
+
+
+def test_an_adopting_batch_rolled_back_keeps_the_earlier_row_listed(tmp_path: Path) -> None:
+    """The earlier id leaves the indexes once the batch that adopted its row is committed: a
+    batch rolled back (diskcache) puts the row back and it stays in the list, then the next
+    flush adopts it."""
+    from proxy.core.errors import StoreError
+
+    store = DiskStore(tmp_path)
+    now = time.time()
+    ledger.record_batch(store, [(entry("first", now), None)], None)
+    real = store.update
+
+    def failing(key: str, fn: Any, ttl: Any = None) -> Any:
+        if key.startswith("hour:"):  # after the adopt, before the commit
+            raise StoreError("disk full")
+        return real(key, fn, ttl)
+
+    store.update = failing  # type: ignore[method-assign]
+    with pytest.raises(StoreError), store.batch():
+        ledger.record_batch(store, [(continuing("session", "first", now + 1), None)], None)
+    del store.update
+    listed = [r["conversation"] for r in queries.list_conversations(store)["items"]]
+    assert listed == ["first"] and store.get(conv_key("conv", TENANT, "first"))["requests"] == 1
+    with store.batch():
+        ledger.record_batch(store, [(continuing("session", "first", now + 2), None)], None)
+    listed = [r["conversation"] for r in queries.list_conversations(store)["items"]]
+    assert listed == ["session"] and store.get(conv_key("conv", TENANT, "session"))["requests"] == 2

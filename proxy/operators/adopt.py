@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from proxy.adapters.store import Store, get_list
+from proxy.adapters.store import Store, after_commit, get_list
 from proxy.core.records import conv_key
 from proxy.operators import history, index, reqlog
 from proxy.operators.perstore import PerStore, Recent, trusted_for
@@ -71,5 +71,7 @@ def adopt(
     # The row goes (its lists expire with their retention).
     store.delete(conv_key("conv", tenant, earlier))
     history.delete(store, tenant, earlier)
-    index.remove(store, tenant, earlier, str(old.get("model") or ""))
+    # Out of the indexes once the batch is committed (a rolled-back one keeps the row).
+    model = str(old.get("model") or "")
+    after_commit(store, lambda: index.remove(store, tenant, earlier, model))
     return True
