@@ -2,6 +2,7 @@
 
     python -m tests.replay.convert mini-swe-agent TRAJ.json OUT.json --repo R --path P \
         --commit C --license MIT --note "..."
+    python -m tests.replay.convert claude-code SESSION.jsonl OUT.json ...
 
 Cutting rule (the corpus's, ``runs/SOURCES.md``): any text, tool output or string tool
 argument longer than ``LIMIT`` characters keeps its first ``KEEP`` characters plus
@@ -82,7 +83,110 @@ def mini_swe_agent(traj: dict[str, Any], source: dict[str, str]) -> dict[str, An
     }
 
 
-CONVERTERS = {"mini-swe-agent": mini_swe_agent}
+def _result_text(content: Any) -> str:
+    """A ``tool_result``'s content as text (an image stands as ``[image]``)."""
+    if isinstance(content, str):
+        return content
+    parts = [
+        str(b.get("text", "")) if b.get("type") == "text" else f"[{b.get('type')}]"
+        for b in content or []
+        if isinstance(b, dict)
+    ]
+    return "\n".join(parts)
+
+
+def claude_code(lines: list[dict[str, Any]], source: dict[str, str]) -> dict[str, Any]:
+    """A Claude Code session transcript (``~/.claude/projects/*/<session>.jsonl``, one record
+    a line): the main chain's user and assistant records (not subagents' sidechains) up to
+    the first ``compact_boundary``, i.e. the history as it grew until Claude Code compacted
+    it itself. An assistant message is several records (one per content block, one message
+    id): merged into one turn, with any text-only assistant turn right before it. Thinking
+    is left out (the transcript keeps no valid signature for it); calls without a result
+    are dropped; the system prompt and tool schemas are not in a transcript."""
+    turns: list[dict[str, Any]] = []
+    names: dict[str, str] = {}
+    answered = {
+        b.get("tool_use_id")
+        for r in lines
+        if r.get("type") == "user" and isinstance((r.get("message") or {}).get("content"), list)
+        for b in r["message"]["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    }
+    model = version = ""
+    last_id, turn = None, None
+    for r in lines:
+        if r.get("subtype") == "compact_boundary":
+            break
+        kind = r.get("type")
+        if kind not in ("user", "assistant") or r.get("isSidechain") or r.get("isApiErrorMessage"):
+            continue
+        version = version or str(r.get("version") or "")
+        message = r.get("message") or {}
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+        if kind == "assistant":
+            model = model or str(message.get("model") or "")
+            # One message's blocks may come between the results of its earlier calls (Claude
+            # Code runs a call while the message streams): all go to that message's turn.
+            if message.get("id") != last_id or turn is None:
+                after_text = turns and turns[-1]["role"] == "assistant"
+                if not (after_text and not turns[-1]["tool_calls"]):
+                    turns.append({"role": "assistant", "text": None, "thinking": None,
+                                  "tool_calls": []})  # fmt: skip
+                turn = turns[-1]
+            last_id = message.get("id")
+            for b in blocks:
+                if b.get("type") == "text" and b.get("text"):
+                    turn["text"] = cut("\n\n".join(t for t in (turn["text"], b["text"]) if t))
+                elif b.get("type") == "tool_use" and b.get("id") in answered:
+                    names[b["id"]] = b["name"]
+                    turn["tool_calls"].append(
+                        {"id": b["id"], "name": b["name"], "input": _cut_args(b.get("input") or {})}
+                    )
+            continue
+        texts = []
+        for b in blocks:
+            if b.get("type") == "tool_result":
+                if b.get("tool_use_id") in names:
+                    turns.append({
+                        "role": "tool", "tool_call_id": b["tool_use_id"],
+                        "name": names.pop(b["tool_use_id"]),
+                        "output": cut(_result_text(b.get("content"))),
+                        "is_error": bool(b.get("is_error")),
+                    })  # fmt: skip
+            elif b.get("type") == "text":
+                texts.append(str(b.get("text") or ""))
+            else:
+                texts.append(f"[{b.get('type')}]")
+        if texts:
+            if turns and turns[-1]["role"] == "user":  # one user turn, as the API sends it
+                texts.insert(0, turns.pop()["text"])
+            turns.append({"role": "user", "text": cut("\n\n".join(texts))})
+    for turn in turns:  # calls answered only after the boundary: dropped
+        if turn["role"] == "assistant":
+            turn["tool_calls"] = [c for c in turn["tool_calls"] if c["id"] not in names]
+    while turns and turns[-1]["role"] == "assistant" and not turns[-1]["text"]:
+        turns.pop()
+    return {
+        "agent": "claude-code",
+        "agent_version": version,
+        "model": model,
+        "source": source,
+        "system": "",
+        "turns": turns,
+    }
+
+
+def _claude_code_file(path: Path, source: dict[str, str]) -> dict[str, Any]:
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return claude_code(lines, source)
+
+
+def _mini_swe_agent_file(path: Path, source: dict[str, str]) -> dict[str, Any]:
+    return mini_swe_agent(json.loads(path.read_text()), source)
+
+
+CONVERTERS = {"mini-swe-agent": _mini_swe_agent_file, "claude-code": _claude_code_file}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     source = {"repo": args.repo, "path": args.path, "commit": args.commit,
               "license": args.license, "url_note": args.note}  # fmt: skip
-    run = CONVERTERS[args.kind](json.loads(args.trajectory.read_text()), source)
+    run = CONVERTERS[args.kind](args.trajectory, source)
     args.out.write_text(json.dumps(run, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
 
