@@ -81,3 +81,11 @@ def test_a_message_streamed_between_its_results_is_one_turn() -> None:
     assert CUT.search(turns[2]["output"]) and turns[5]["is_error"] and not turns[4]["is_error"]
     assert turns[7]["text"] == "[Request interrupted by user]"
     assert run["system"] == "" and run["source"] == SOURCE
+
+
+def test_a_text_merged_from_records_is_cut_once_with_its_whole_length() -> None:
+    part = "y" * 1_000
+    lines = [user("Go."), *(assistant("m", {"type": "text", "text": part}) for _ in range(3))]
+    run = claude_code(lines, SOURCE)
+    text = run["turns"][1]["text"]
+    assert CUT.search(text) and text.endswith(f"[…cut: {3 * 1_000 + 2 * 2} chars]")

@@ -137,7 +137,7 @@ def claude_code(lines: list[dict[str, Any]], source: dict[str, str]) -> dict[str
             last_id = message.get("id")
             for b in blocks:
                 if b.get("type") == "text" and b.get("text"):
-                    turn["text"] = cut("\n\n".join(t for t in (turn["text"], b["text"]) if t))
+                    turn["text"] = "\n\n".join(t for t in (turn["text"], b["text"]) if t)
                 elif b.get("type") == "tool_use" and b.get("id") in answered:
                     names[b["id"]] = b["name"]
                     turn["tool_calls"].append(
@@ -161,10 +161,12 @@ def claude_code(lines: list[dict[str, Any]], source: dict[str, str]) -> dict[str
         if texts:
             if turns and turns[-1]["role"] == "user":  # one user turn, as the API sends it
                 texts.insert(0, turns.pop()["text"])
-            turns.append({"role": "user", "text": cut("\n\n".join(texts))})
-    for turn in turns:  # calls answered only after the boundary: dropped
-        if turn["role"] == "assistant":
+            turns.append({"role": "user", "text": "\n\n".join(texts)})
+    for turn in turns:
+        if turn["role"] == "assistant":  # calls answered only after the boundary: dropped
             turn["tool_calls"] = [c for c in turn["tool_calls"] if c["id"] not in names]
+        if turn["role"] != "tool":  # cut once merged, so the marker has the whole length
+            turn["text"] = cut(turn["text"])
     while turns and turns[-1]["role"] == "assistant" and not turns[-1]["text"]:
         turns.pop()
     return {
