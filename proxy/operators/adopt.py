@@ -17,9 +17,10 @@ import time
 from typing import Any
 
 from proxy.adapters.store import Store, after_commit, get_list
+from proxy.core.recent import Recent
 from proxy.core.records import conv_key
 from proxy.operators import history, index, reqlog
-from proxy.operators.perstore import PerStore, Recent, trusted_for
+from proxy.operators.perstore import PerStore, trusted_for
 
 KNOWN_S = 600.0  # a row this worker found is taken to exist this long (or retention / 2)
 REMEMBERED = 4096  # conversations whose row a worker remembers finding

@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from proxy.adapters.store import Store, after_commit
+from proxy.core.recent import Recent
 from proxy.operators.figures import derive
-from proxy.operators.perstore import PerStore, Recent, trusted_for
+from proxy.operators.perstore import PerStore, trusted_for
 
 SEEN = "ix:seen"
 TENANTS = "ix:tenants"

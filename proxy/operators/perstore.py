@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Generic, TypeVar
 
 from proxy.adapters.store import Store
-from proxy.core.recent import Recent as Recent
 
 T = TypeVar("T")
 
