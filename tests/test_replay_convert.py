@@ -89,3 +89,27 @@ def test_a_text_merged_from_records_is_cut_once_with_its_whole_length() -> None:
     run = claude_code(lines, SOURCE)
     text = run["turns"][1]["text"]
     assert CUT.search(text) and text.endswith(f"[…cut: {3 * 1_000 + 2 * 2} chars]")
+
+
+def test_the_part_after_the_clients_compaction_opens_with_its_summary() -> None:
+    boundary = {"type": "system", "subtype": "compact_boundary", "compactMetadata": {}}
+    summary = "This session is being continued from a previous conversation."
+    lines = [
+        user("Fix the bug."),
+        assistant("m1", call("a")),
+        user([result("a")]),
+        boundary,
+        user(summary, isCompactSummary=True),
+        assistant("m2", {"type": "text", "text": "Going on."}, call("b")),
+        user([result("b")]),
+        assistant("m3", call("c")),  # answered only after the next compaction: dropped
+        boundary,
+        user([result("c")]),
+        assistant("m4", {"type": "text", "text": "Third part."}),
+    ]
+    first = [t["role"] for t in claude_code(lines, SOURCE)["turns"]]
+    assert first == ["user", "assistant", "tool"]
+    turns = claude_code(lines, SOURCE, part=1)["turns"]
+    assert [t["role"] for t in turns] == ["user", "assistant", "tool"]
+    assert turns[0]["text"] == summary
+    assert [c["id"] for c in turns[1]["tool_calls"]] == ["b"] and turns[2]["tool_call_id"] == "b"

@@ -95,14 +95,18 @@ def _result_text(content: Any) -> str:
     return "\n".join(parts)
 
 
-def claude_code(lines: list[dict[str, Any]], source: dict[str, str]) -> dict[str, Any]:
+def claude_code(
+    lines: list[dict[str, Any]], source: dict[str, str], part: int = 0
+) -> dict[str, Any]:
     """A Claude Code session transcript (``~/.claude/projects/*/<session>.jsonl``, one record
     a line): the main chain's user and assistant records (not subagents' sidechains) up to
     the first ``compact_boundary``, i.e. the history as it grew until Claude Code compacted
-    it itself. An assistant message is several records (one per content block, one message
-    id): merged into one turn, with any text-only assistant turn right before it. Thinking
-    is left out (the transcript keeps no valid signature for it); calls without a result
-    are dropped; the system prompt and tool schemas are not in a transcript."""
+    it itself; ``part`` n > 0: the records after the n-th boundary up to the next, i.e. a
+    history that opens with Claude Code's own summary as its first user turn. An assistant
+    message is several records (one per content block, one message id): merged into one
+    turn, with any text-only assistant turn right before it. Thinking is left out (the
+    transcript keeps no valid signature for it); calls without a result are dropped; the
+    system prompt and tool schemas are not in a transcript."""
     turns: list[dict[str, Any]] = []
     names: dict[str, str] = {}
     answered = {
@@ -114,9 +118,15 @@ def claude_code(lines: list[dict[str, Any]], source: dict[str, str]) -> dict[str
     }
     model = version = ""
     last_id, turn = None, None
+    boundaries = 0
     for r in lines:
         if r.get("subtype") == "compact_boundary":
-            break
+            boundaries += 1
+            if boundaries > part:
+                break
+            continue
+        if boundaries < part:
+            continue
         kind = r.get("type")
         if kind not in ("user", "assistant") or r.get("isSidechain") or r.get("isApiErrorMessage"):
             continue
@@ -184,11 +194,21 @@ def _claude_code_file(path: Path, source: dict[str, str]) -> dict[str, Any]:
     return claude_code(lines, source)
 
 
+def _claude_code_continued_file(path: Path, source: dict[str, str]) -> dict[str, Any]:
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return claude_code(lines, source, part=1)
+
+
 def _mini_swe_agent_file(path: Path, source: dict[str, str]) -> dict[str, Any]:
     return mini_swe_agent(json.loads(path.read_text()), source)
 
 
-CONVERTERS = {"mini-swe-agent": _mini_swe_agent_file, "claude-code": _claude_code_file}
+CONVERTERS = {
+    "mini-swe-agent": _mini_swe_agent_file,
+    "claude-code": _claude_code_file,
+    # The part after Claude Code's own (first) compaction: it opens with the client's summary.
+    "claude-code-continued": _claude_code_continued_file,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
