@@ -26,10 +26,7 @@ from typing import Any
 import pytest
 
 from tests.checks import INLINE
-from tests.proxyproc import ProxyProcess
-from tests.replay.shapes import route_of, steps
-from tests.test_replay_runs import MODELS, replays, send
-from tests.upstream import ScriptedUpstream
+from tests.test_replay_runs import replayed
 
 pytestmark = pytest.mark.slow  # real processes, every replayed run twice (~9 min when busy)
 
@@ -41,19 +38,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
 
 
 def _forwarded(tmp_path: Path, compaction: dict[str, Any]) -> list[str]:
-    """Each request the upstream received, in order: route, purpose and the body's hash."""
-    with (
-        ScriptedUpstream() as up,
-        ProxyProcess(tmp_path, up.base_url, compaction=compaction) as px,
-    ):
-        for n, run in enumerate(replays()):
-            for step in steps(run, MODELS[route_of(run)]):
-                send(px, step, key=f"sk-replay-{n}")
-        recorded = list(up.requests)
-    assert up.rejections == []
+    """Each request the upstream received, in order: route, purpose and the body's hash
+    (the low trigger's replay is the one ``test_replay_runs`` checks too: made once)."""
     return [
         f"{r.path} {r.purpose or 'client'} {hashlib.sha256(r.body).hexdigest()[:16]}"
-        for r in recorded
+        for r in replayed(tmp_path, compaction).received
     ]
 
 

@@ -15,6 +15,7 @@ client's newest turn reaches the upstream verbatim.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ from tests.checks import INLINE, SUMMARY_PREFIX
 from tests.proxyproc import ProxyProcess
 from tests.replay.fixtures import check_run, load_runs
 from tests.replay.shapes import Step, route_of, steps
-from tests.upstream import Recorded, ScriptedUpstream
+from tests.upstream import ScriptedUpstream
 
 pytestmark = pytest.mark.slow
 
@@ -96,11 +97,42 @@ def _newest(step: Step) -> bytes:
     return orjson.dumps(last.get("content") or last.get("output") or last.get("text") or "")
 
 
-@pytest.mark.parametrize("settings", sorted(SETTINGS))
-def test_real_agent_runs_replay_through_every_tier(tmp_path: Path, settings: str) -> None:
+@dataclass(frozen=True)
+class Received:
+    """One request the upstream received (what the checks read of it)."""
+
+    path: str
+    purpose: str | None
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """A whole replay: each step with the number of upstream requests before it, and every
+    request the upstream received, in order."""
+
+    sent: list[tuple[Step, int]]
+    received: list[Received]
+
+
+# A replay of the corpus at one setting, kept for the other test that reads it
+# (tests/test_forwarded_bytes.py checks the bytes of the same requests at the low trigger):
+# each corpus pass costs minutes of CI, and the two tests need the same one.
+_KEPT: dict[str, Replayed] = {}
+SHARED = {orjson.dumps(INLINE, option=orjson.OPT_SORT_KEYS).decode()}
+
+
+def replayed(tmp_path: Path, compaction: dict[str, Any]) -> Replayed:
+    """The corpus (``replays()``) through a real proxy process at ``compaction`` against the
+    strict upstream. A replay another test made at the same settings is handed over once
+    (then forgotten); the strict upstream rejecting anything fails the test that replays."""
+    key = orjson.dumps(compaction, option=orjson.OPT_SORT_KEYS).decode()
+    kept = _KEPT.pop(key, None)
+    if kept is not None:
+        return kept
     with (
         ScriptedUpstream() as up,
-        ProxyProcess(tmp_path, up.base_url, compaction=SETTINGS[settings]) as px,
+        ProxyProcess(tmp_path, up.base_url, compaction=compaction) as px,
     ):
         sent: list[tuple[Step, int]] = []
         for n, run in enumerate(replays()):
@@ -111,8 +143,18 @@ def test_real_agent_runs_replay_through_every_tier(tmp_path: Path, settings: str
                 send(px, step, key=f"sk-replay-{n}")
                 sent.append((step, before))
             assert path is not None, f"run {run['file']} gave no request"
-        recorded = list(up.requests)
+        received = [Received(r.path, r.purpose, r.body) for r in up.requests]
     assert up.rejections == []
+    result = Replayed(sent, received)
+    if key in SHARED:
+        _KEPT[key] = result
+    return result
+
+
+@pytest.mark.parametrize("settings", sorted(SETTINGS))
+def test_real_agent_runs_replay_through_every_tier(tmp_path: Path, settings: str) -> None:
+    run = replayed(tmp_path, SETTINGS[settings])
+    sent, recorded = run.sent, run.received
     compacted = 0
     for step, before in sent:
         body = next(r for r in recorded[before:] if _client_call(r, step.path)).body
@@ -126,5 +168,5 @@ def test_real_agent_runs_replay_through_every_tier(tmp_path: Path, settings: str
         assert compacted >= len(sent) // 2, f"only {compacted} of {len(sent)} requests compacted"
 
 
-def _client_call(rec: Recorded, path: str) -> bool:
+def _client_call(rec: Received, path: str) -> bool:
     return rec.path == path and rec.purpose is None
