@@ -1,11 +1,13 @@
 """Net billed dollars of agent sessions replayed through the compaction core (issue #25).
 
-    python -m bench.economics [--smoke] [--runs DIR] [--json PATH] [--jobs N]
+    python -m bench.economics [--smoke] [--runs DIR ...] [--json PATH] [--jobs N]
                               [--llm-model PROVIDER=MODEL ...]
                               [--summary-reads-cache auto|on|off]
 
 Sessions: the synthetic 300-request agent session (``bench.agent_session``) and every recorded
-real agent run in ``tests/replay/runs/*.json`` (the neutral format; each replayed open loop in
+real agent run in ``tests/replay/runs/*.json`` and ``tests/replay/more/*.json`` (further real
+Claude Code sessions, some opening with the client's own summary; the neutral format; each
+replayed open loop in
 the chat-completions shape of ``tests.replay.shapes.chat_body``: before each assistant turn
 the client resends its whole history). Each session goes through ``Compactor`` in process
 (a diskcache store, the ledger written after every request as the service writes it, the
@@ -60,6 +62,7 @@ import dataclasses
 import json
 import sys
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +91,7 @@ STEP_S = 20.0  # seconds between two requests of a session (an agent's tool roun
 CLIENT_COMPACTS_AT = 0.85  # share of the window at which the client compacts itself
 CLIENT_SUMMARY_TOKENS = 2000
 RUNS = Path(__file__).resolve().parent.parent / "tests" / "replay" / "runs"
+MORE = RUNS.parent / "more"  # further real sessions (not replayed through processes in CI)
 
 
 @dataclass(frozen=True)
@@ -337,7 +341,7 @@ def summary(r: Result) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def sessions(smoke: bool, runs: Path) -> list[tuple[Session, tuple[int, ...]]]:
+def sessions(smoke: bool, runs: Sequence[Path]) -> list[tuple[Session, tuple[int, ...]]]:
     """Each session with the triggers it runs at: the default, and for a recorded run that
     never passes it ``STRESS_TRIGGER`` too, so that its compactions are measured. The smoke
     run takes the smallest recorded run."""
@@ -347,7 +351,7 @@ def sessions(smoke: bool, runs: Path) -> list[tuple[Session, tuple[int, ...]]]:
         (agent, (DEFAULT_TRIGGER,)),
         (breaks, (DEFAULT_TRIGGER,)),
     ]
-    paths = sorted(runs.glob("*.json"))
+    paths = [path for folder in runs for path in sorted(folder.glob("*.json"))]
     if smoke:
         paths = sorted(paths, key=lambda p: p.stat().st_size)[:1]
     counter = TokenCounter()
@@ -386,8 +390,8 @@ def _cell(
     return summary(asyncio.run(replay(session, provider, settings, TokenCounter())))
 
 
-def run(smoke: bool = False, runs: Path = RUNS, policies: tuple[str, ...] = ("cost", "tokens"),
-        log: Any = sys.stderr, jobs: int = 1,
+def run(smoke: bool = False, runs: Sequence[Path] = (RUNS, MORE),
+        policies: tuple[str, ...] = ("cost", "tokens"), log: Any = sys.stderr, jobs: int = 1,
         llm_models: dict[str, str] | None = None,
         reads_cache: str = "auto") -> list[dict[str, Any]]:  # fmt: skip
     """Every cell (session, trigger, provider, policy), in ``jobs`` processes (each cell is
@@ -481,7 +485,10 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--smoke", action="store_true", help="short sessions, one recorded run")
-    parser.add_argument("--runs", type=Path, default=RUNS, help="the recorded runs' folder")
+    parser.add_argument(
+        "--runs", type=Path, action="append",
+        help="a recorded runs' folder, repeatable (default: tests/replay/runs and more)",
+    )  # fmt: skip
     parser.add_argument("--policy", action="append", choices=["cost", "tokens"])
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     parser.add_argument("--jobs", type=int, default=1, help="cells run in this many processes")
@@ -502,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--llm-model: PROVIDER is one of {', '.join(PROVIDERS)}, MODEL a "
                      "model with known prices")  # fmt: skip
     llm_models = {provider: model for provider, model in pairs}
-    results = run(args.smoke, args.runs, tuple(args.policy or ("cost", "tokens")),
+    results = run(args.smoke, args.runs or (RUNS, MORE), tuple(args.policy or ("cost", "tokens")),
                   jobs=args.jobs, llm_models=llm_models,
                   reads_cache=args.summary_reads_cache)  # fmt: skip
     print(markdown(results) + "\n\n" + aims_markdown(results))

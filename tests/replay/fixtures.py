@@ -1,4 +1,8 @@
-"""The replay corpus: real public agent runs in ``runs/*.json`` (sources in ``runs/SOURCES.md``)."""
+"""The replay corpus: real public agent runs in ``runs/*.json`` (sources in ``runs/SOURCES.md``),
+which the tests replay through real proxy processes, and ``more/*.json`` (sources in
+``more/SOURCES.md``), further real sessions that the economics benchmark prices and
+``tests/test_replay_more.py`` runs through the core in process (CI's time is bounded: each run
+in ``runs/`` is replayed six times through real processes)."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 RUNS_DIR = Path(__file__).parent / "runs"
+MORE_DIR = Path(__file__).parent / "more"
 MIN_ROUNDS = 30
 # Long enough runs (100-190 model calls) to pass the default trigger of 24,000 tokens take
 # ~235-315 KB with every output cut at 1,500 characters.
@@ -16,10 +21,11 @@ CUT = re.compile(r"\n\[…cut: \d+ chars\]\Z")
 ROLES = {"user", "system", "assistant", "tool"}
 
 
-def load_runs() -> list[dict[str, Any]]:
-    """Every run in ``runs/``, sorted by file name, with its file name under ``"file"``."""
+def load_runs(folder: Path = RUNS_DIR) -> list[dict[str, Any]]:
+    """Every run in ``folder`` (``runs/``), sorted by file name, with its file name under
+    ``"file"``."""
     runs = []
-    for path in sorted(RUNS_DIR.glob("*.json")):
+    for path in sorted(folder.glob("*.json")):
         run: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
         run["file"] = path.name
         runs.append(run)
