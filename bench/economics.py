@@ -92,6 +92,7 @@ CLIENT_COMPACTS_AT = 0.85  # share of the window at which the client compacts it
 CLIENT_SUMMARY_TOKENS = 2000
 RUNS = Path(__file__).resolve().parent.parent / "tests" / "replay" / "runs"
 MORE = RUNS.parent / "more"  # further real sessions (not replayed through processes in CI)
+FOLDERS = (RUNS, MORE)  # the recorded runs priced by default
 
 
 @dataclass(frozen=True)
@@ -390,7 +391,7 @@ def _cell(
     return summary(asyncio.run(replay(session, provider, settings, TokenCounter())))
 
 
-def run(smoke: bool = False, runs: Sequence[Path] = (RUNS, MORE),
+def run(smoke: bool = False, runs: Sequence[Path] = FOLDERS,
         policies: tuple[str, ...] = ("cost", "tokens"), log: Any = sys.stderr, jobs: int = 1,
         llm_models: dict[str, str] | None = None,
         reads_cache: str = "auto") -> list[dict[str, Any]]:  # fmt: skip
@@ -509,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--llm-model: PROVIDER is one of {', '.join(PROVIDERS)}, MODEL a "
                      "model with known prices")  # fmt: skip
     llm_models = {provider: model for provider, model in pairs}
-    results = run(args.smoke, args.runs or (RUNS, MORE), tuple(args.policy or ("cost", "tokens")),
+    results = run(args.smoke, args.runs or FOLDERS, tuple(args.policy or ("cost", "tokens")),
                   jobs=args.jobs, llm_models=llm_models,
                   reads_cache=args.summary_reads_cache)  # fmt: skip
     print(markdown(results) + "\n\n" + aims_markdown(results))

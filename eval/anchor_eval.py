@@ -82,9 +82,12 @@ SUMMARIZERS: dict[str, Callable[[str, int], str]] = {
 }
 
 
-async def _drive(
+async def drive(
     msgs: list[Message], ends: list[int], summarizer: str, settings: CompactionSettings
-) -> tuple[list[Message], int]:
+) -> tuple[list[list[Message]], int]:
+    """``msgs[:end]`` for each of ``ends``, resent in turn through the core in process (a
+    diskcache store, the scripted ``summarizer``): what was forwarded for each, and how many
+    compactions were made."""
     counter = TokenCounter()
     llm = agent_session.ScriptedLLM(SUMMARIZERS[summarizer], counter)
     prompts = Prompts(detector=load_prompt("detector"), summarizer=load_prompt("summarizer"))
@@ -94,13 +97,13 @@ async def _drive(
         nonlocal compactions
         compactions += event.get("case") in ("prune", "summarize", "truncate", "emergency")
 
-    forwarded: list[Message] = []
+    forwarded: list[list[Message]] = []
     with tempfile.TemporaryDirectory(prefix="anchor-eval-") as tmp:
         store = DiskStore(tmp)
         engine = Compactor(settings, store, llm, prompts, counter=counter, on_event=on_event)
         for end in ends:
             p = await engine.prepare(msgs[:end], model=MODEL, tenant="eval", credential="k")
-            forwarded = p.forwarded
+            forwarded.append(p.forwarded)
             engine.schedule(p)
             await engine.drain(timeout=60)
         store.close()
@@ -137,14 +140,21 @@ def score(found: list[anchors.Anchor], messages: Sequence[Message]) -> dict[str,
     return out
 
 
+def request_ends(msgs: list[Message]) -> list[int]:
+    """Where each request of a replayed open loop ends: ``msgs[:end]`` is the history the
+    client resent before each of its assistant turns."""
+    return [i for i, m in enumerate(msgs) if m["role"] == "assistant" and i > 0]
+
+
 def evaluate(name: str, msgs: list[Message], summarizer: str, trigger: int) -> dict[str, Any]:
-    ends = [i for i, m in enumerate(msgs) if m["role"] == "assistant" and i > 0]
+    ends = request_ends(msgs)
     # policy: tokens, like bench.agent_session: this driver writes no ledger, which the cost
     # policy (the default) reads to judge whether a compaction pays.
     settings = CompactionSettings(
         trigger_tokens=trigger, verbatim_window_tokens=trigger // 3, policy="tokens"
     )
-    ours, compactions = asyncio.run(_drive(msgs, ends, summarizer, settings))
+    sent, compactions = asyncio.run(drive(msgs, ends, summarizer, settings))
+    ours = sent[-1]
     last = msgs[: ends[-1]]
     counter = TokenCounter()
     counts = counter.count_messages(last, MODEL)

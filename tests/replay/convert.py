@@ -12,8 +12,10 @@ argument longer than ``LIMIT`` characters keeps its first ``KEEP`` characters pl
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -189,25 +191,20 @@ def claude_code(
     }
 
 
-def _claude_code_file(path: Path, source: dict[str, str]) -> dict[str, Any]:
+def _claude_code_file(path: Path, source: dict[str, str], part: int = 0) -> dict[str, Any]:
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return claude_code(lines, source)
-
-
-def _claude_code_continued_file(path: Path, source: dict[str, str]) -> dict[str, Any]:
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return claude_code(lines, source, part=1)
+    return claude_code(lines, source, part)
 
 
 def _mini_swe_agent_file(path: Path, source: dict[str, str]) -> dict[str, Any]:
     return mini_swe_agent(json.loads(path.read_text()), source)
 
 
-CONVERTERS = {
+CONVERTERS: dict[str, Callable[[Path, dict[str, str]], dict[str, Any]]] = {
     "mini-swe-agent": _mini_swe_agent_file,
     "claude-code": _claude_code_file,
     # The part after Claude Code's own (first) compaction: it opens with the client's summary.
-    "claude-code-continued": _claude_code_continued_file,
+    "claude-code-continued": functools.partial(_claude_code_file, part=1),
 }
 
 
