@@ -15,13 +15,16 @@ the long agentic turn it opens pins that turn's user message.
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import orjson
 
 from eval.anchor_eval import MODEL, drive, request_ends
 from proxy.core.settings import CompactionSettings
+from tests.checks import INLINE
 from tests.replay.fixtures import MORE_DIR, check_run, load_runs
 from tests.replay.shapes import chat_body
+from tests.test_replay_runs import checked, is_compacted, replayed
 
 # The first user turn is pinned by default (``pin_first_user``): off here, so that the summary
 # is kept by the rules above, not as the task.
@@ -60,3 +63,25 @@ def test_a_history_opened_by_the_clients_summary_keeps_it_through_our_compaction
             assert sent[-1] == history[-1], f"{run['file']}: the newest turn not as sent"
             shorter += len(orjson.dumps(sent)) < len(orjson.dumps(history))
         assert shorter >= len(requests) // 3, f"{run['file']}: only {shorter} requests shortened"
+
+
+def test_a_continued_claude_code_session_through_a_real_proxy(tmp_path: Path) -> None:
+    """The smallest continued session end to end: resent as Claude Code sends it (its system
+    blocks, cache marks, ``<system-reminder>``) with the official ``anthropic`` client through
+    a real proxy process compacting inline at a low trigger, against the strict upstream
+    (which fails the test on anything it rejects): every request carries the client's summary,
+    its system messages and its newest turn verbatim, and the proxy compacts. (In this shape
+    the summary's turn also carries Claude Code's ``<system-reminder>``, a pin of its own: the
+    test fails only with no user turn pinned at all.)"""
+    runs = [r for r in load_runs(MORE_DIR) if r["file"].endswith("-continued.json")]
+    run = min(runs, key=lambda r: len(orjson.dumps(r)))
+    assert run["agent"] == "claude-code"
+    summary = orjson.dumps(run["turns"][0]["text"])[1:-1]
+    assert b"being continued from a previous conversation" in summary
+    replay = replayed(tmp_path, INLINE, [run])
+    bodies = checked(replay)
+    assert {step.path for step, _ in bodies} == {"/v1/messages"}
+    for _, body in bodies:
+        assert summary in body, f"{run['file']}: the client's summary was not forwarded"
+    compacted = sum(is_compacted(body) for _, body in bodies)
+    assert compacted >= len(bodies) // 2, f"only {compacted} of {len(bodies)} requests compacted"

@@ -122,12 +122,15 @@ _KEPT: dict[str, Replayed] = {}
 SHARED = {orjson.dumps(INLINE, option=orjson.OPT_SORT_KEYS).decode()}
 
 
-def replayed(tmp_path: Path, compaction: dict[str, Any]) -> Replayed:
-    """The corpus (``replays()``) through a real proxy process at ``compaction`` against the
-    strict upstream. A replay another test made at the same settings is handed over once
-    (then forgotten); the strict upstream rejecting anything fails the test that replays."""
+def replayed(
+    tmp_path: Path, compaction: dict[str, Any], runs: list[dict[str, Any]] | None = None
+) -> Replayed:
+    """``runs`` (default: the corpus, ``replays()``) through a real proxy process at
+    ``compaction`` against the strict upstream. A replay of the corpus another test made at
+    the same settings is handed over once (then forgotten); the strict upstream rejecting
+    anything fails the test that replays."""
     key = orjson.dumps(compaction, option=orjson.OPT_SORT_KEYS).decode()
-    kept = _KEPT.pop(key, None)
+    kept = _KEPT.pop(key, None) if runs is None else None
     if kept is not None:
         return kept
     with (
@@ -135,7 +138,7 @@ def replayed(tmp_path: Path, compaction: dict[str, Any]) -> Replayed:
         ProxyProcess(tmp_path, up.base_url, compaction=compaction) as px,
     ):
         sent: list[tuple[Step, int]] = []
-        for n, run in enumerate(replays()):
+        for n, run in enumerate(replays() if runs is None else runs):
             path = None
             for step in steps(run, MODELS[route_of(run)]):
                 path = step.path
@@ -146,7 +149,7 @@ def replayed(tmp_path: Path, compaction: dict[str, Any]) -> Replayed:
         received = [Received(r.path, r.purpose, r.body) for r in up.requests]
     assert up.rejections == []
     result = Replayed(sent, received)
-    if key in SHARED:
+    if runs is None and key in SHARED:
         _KEPT[key] = result
     return result
 
@@ -154,18 +157,30 @@ def replayed(tmp_path: Path, compaction: dict[str, Any]) -> Replayed:
 @pytest.mark.parametrize("settings", sorted(SETTINGS))
 def test_real_agent_runs_replay_through_every_tier(tmp_path: Path, settings: str) -> None:
     run = replayed(tmp_path, SETTINGS[settings])
-    sent, recorded = run.sent, run.received
-    compacted = 0
-    for step, before in sent:
-        body = next(r for r in recorded[before:] if _client_call(r, step.path)).body
-        for text in _system_texts(step):
-            assert orjson.dumps(text)[1:-1] in body, "a system/developer message was dropped"
-        assert _newest(step)[1:-1] in body, "the newest turn was not forwarded verbatim"
-        compacted += SUMMARY_PREFIX.encode() in body or b"tool result cleared" in body
+    sent = run.sent
+    compacted = sum(is_compacted(body) for _, body in checked(run))
     paths = {step.path for step, _ in sent}
     assert paths == {"/v1/messages", "/v1/responses", "/v1/chat/completions"}
     if settings == "low trigger":
         assert compacted >= len(sent) // 2, f"only {compacted} of {len(sent)} requests compacted"
+
+
+def checked(run: Replayed) -> list[tuple[Step, bytes]]:
+    """Each step with the body the upstream got for it, once checked: every system/developer
+    message the client sent and its newest turn are in it, verbatim."""
+    out = []
+    for step, before in run.sent:
+        body = next(r for r in run.received[before:] if _client_call(r, step.path)).body
+        for text in _system_texts(step):
+            assert orjson.dumps(text)[1:-1] in body, "a system/developer message was dropped"
+        assert _newest(step)[1:-1] in body, "the newest turn was not forwarded verbatim"
+        out.append((step, body))
+    return out
+
+
+def is_compacted(body: bytes) -> bool:
+    """Whether a forwarded body carries our summary or a pruned tool result."""
+    return SUMMARY_PREFIX.encode() in body or b"tool result cleared" in body
 
 
 def _client_call(rec: Received, path: str) -> bool:

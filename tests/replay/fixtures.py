@@ -1,8 +1,9 @@
 """The replay corpus: real public agent runs in ``runs/*.json`` (sources in ``runs/SOURCES.md``),
 which the tests replay through real proxy processes, and ``more/*.json`` (sources in
 ``more/SOURCES.md``), further real sessions that the economics benchmark prices and
-``tests/test_replay_more.py`` runs through the core in process (CI's time is bounded: each run
-in ``runs/`` is replayed six times through real processes)."""
+``tests/test_replay_more.py`` runs through the core in process, and one of them through a
+real proxy (CI's time is bounded: each run in ``runs/`` is replayed six times through real
+processes)."""
 
 from __future__ import annotations
 
