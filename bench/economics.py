@@ -2,7 +2,10 @@
 
     python -m bench.economics [--smoke] [--runs DIR ...] [--json PATH] [--jobs N]
                               [--llm-model PROVIDER=MODEL ...]
-                              [--summary-reads-cache auto|on|off]
+                              [--summary-reads-cache auto|on|off] [--client-clears N]
+
+``--client-clears N`` replays every session as a client that clears all but its last N tool
+results in place on each request (``clearing``).
 
 Sessions: the synthetic 300-request agent session (``bench.agent_session``) and every recorded
 real agent run in ``tests/replay/runs/*.json`` and ``tests/replay/more/*.json`` (further real
@@ -128,6 +131,26 @@ def recorded(path: Path) -> Session:
         after = shapes.chat_body(run, turns[: step.turns + 1], "gpt-4o")["messages"]
         replies.append(after[-1])
     return Session(f"{run.get('agent')} {path.stem}", requests, replies, "digits")
+
+
+CLEARED = "[Old tool result content cleared]"
+
+
+def clearing(session: Session, keep: int) -> Session:
+    """``session`` as a client that clears its own older tool results in place sends it: all
+    but the last ``keep`` results of each request replaced by a marker (Claude Code's
+    microcompact, OpenCode's prune, SWE-agent's ``last_n_observations``), so each request
+    changes a message the previous one sent (#25, sixteenth stop)."""
+
+    def cleared(history: list[Message]) -> list[Message]:
+        results = [i for i, m in enumerate(history) if m.get("role") == "tool"]
+        old = set(results[: max(len(results) - keep, 0)])
+        return [{**m, "content": CLEARED} if i in old else m for i, m in enumerate(history)]
+
+    name = f"{session.name}, all but its last {keep} results cleared"
+    return dataclasses.replace(
+        session, name=name, requests=[cleared(h) for h in session.requests]
+    )
 
 
 def _plain(m: Message) -> bytes:
@@ -394,13 +417,18 @@ def _cell(
 def run(smoke: bool = False, runs: Sequence[Path] = FOLDERS,
         policies: tuple[str, ...] = ("cost", "tokens"), log: Any = sys.stderr, jobs: int = 1,
         llm_models: dict[str, str] | None = None,
-        reads_cache: str = "auto") -> list[dict[str, Any]]:  # fmt: skip
+        reads_cache: str = "auto", clears: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """Every cell (session, trigger, provider, policy), in ``jobs`` processes (each cell is
     independent and deterministic: the order of the rows does not depend on ``jobs``).
     ``llm_models``: the detector's and summarizer's model per provider (default: the
-    request's); ``reads_cache``: ``summary_reads_cache`` (auto, the default, on or off)."""
+    request's); ``reads_cache``: ``summary_reads_cache`` (auto, the default, on or off);
+    ``clears``: each session as a client clearing all but this many of its last tool
+    results sends it (``clearing``)."""
+    found = sessions(smoke, runs)
+    if clears is not None:
+        found = [(clearing(session, clears), triggers) for session, triggers in found]
     cells = [(session, trigger, provider, policy, (llm_models or {}).get(provider), reads_cache)
-             for session, triggers in sessions(smoke, runs) for trigger in triggers
+             for session, triggers in found for trigger in triggers
              for provider in PROVIDERS for policy in policies]  # fmt: skip
     if jobs > 1:
         with ProcessPoolExecutor(jobs) as pool:
@@ -503,7 +531,14 @@ def main(argv: list[str] | None = None) -> int:
         help="the summarizer call in the client's shape, reading the conversation's cache "
         "(compaction.summary_reads_cache; off: the standalone call, as before #25's ninth stop)",
     )  # fmt: skip
+    parser.add_argument(
+        "--client-clears", type=int, metavar="N",
+        help="replay each session as a client that clears all but its last N tool results in "
+        "place on every request (as Claude Code's microcompact or SWE-agent do)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    if args.client_clears is not None and args.client_clears < 0:
+        parser.error("--client-clears: N is 0 or more")
     pairs = [pair.split("=", 1) for pair in args.llm_model]
     if any(len(p) != 2 or p[0] not in PROVIDERS or not costs.prices_for(p[1]).known
            for p in pairs):  # fmt: skip
@@ -512,7 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     llm_models = {provider: model for provider, model in pairs}
     results = run(args.smoke, args.runs or FOLDERS, tuple(args.policy or ("cost", "tokens")),
                   jobs=args.jobs, llm_models=llm_models,
-                  reads_cache=args.summary_reads_cache)  # fmt: skip
+                  reads_cache=args.summary_reads_cache,
+                  clears=args.client_clears)  # fmt: skip
     print(markdown(results) + "\n\n" + aims_markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

@@ -313,6 +313,31 @@ def test_economics_compares_write_read_over_the_same_requests() -> None:
     assert "0.200 / 0.100 (5.000)" in economics.markdown([s])
 
 
+def test_economics_replays_a_client_that_clears_its_own_old_results() -> None:
+    """``--client-clears N``: every request keeps its last N tool results and has the older
+    ones replaced in place, so a request changes messages the previous one sent."""
+    from bench import agent_session, economics
+
+    session = economics.synthetic(agent_session.SMOKE_REQUESTS)
+    cleared = economics.clearing(session, 2)
+    assert "all but its last 2 results cleared" in cleared.name
+    assert cleared.replies == session.replies and len(cleared.requests) == len(session.requests)
+    edited = 0
+    for before, after in zip(session.requests, cleared.requests, strict=True):
+        assert len(before) == len(after)
+        results = [i for i, m in enumerate(before) if m["role"] == "tool"]
+        for i, (m, n) in enumerate(zip(before, after, strict=True)):
+            if i in results[:-2]:
+                assert n == {**m, "content": economics.CLEARED}
+            else:
+                assert n == m
+        edited += len(results) > 2
+    assert edited > 0
+    with pytest.raises(SystemExit) as refused:
+        economics.main(["--smoke", "--client-clears", "-1"])
+    assert refused.value.code == 2
+
+
 def test_economics_refuses_an_unknown_llm_model() -> None:
     from bench import economics
 

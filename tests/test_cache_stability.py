@@ -51,6 +51,28 @@ def test_a_compaction_purges_history_items_which_register_afresh() -> None:
     assert [n for _, n in again.items] == [7, 1, 1]
 
 
+def test_an_edit_in_place_is_found_and_remembered_a_few_requests() -> None:
+    a, b, c, d = "system:a", "history:b", "history:c", "history:d"
+    first = stability.observe(None, [a, b, c], None)
+    # Appended to, shrunk (a regenerated reply), compacted in between: no edit in place.
+    assert stability.first_change(None, [a, b, c], None) is None
+    assert stability.first_change(first, [a, b, c, d], None) is None
+    assert stability.first_change(first, [a, b], None) is None
+    assert stability.first_change(first, [a, "history:x", c], "rec1") is None
+    # A message it had sent changed (an old result cleared): its index.
+    assert stability.first_change(first, [a, "history:x", c, d], None) == 1
+    edited = StabilityState(None, first.items, edit_at=7, edit_age=0)
+    assert edited.edit_limit() == 7
+    old = StabilityState(None, first.items, edit_at=7, edit_age=stability.EDIT_MEMORY)
+    assert old.edit_limit() is None and first.edit_limit() is None
+    # Stored and read back; a tracker stored before these fields reads as "never seen".
+    assert StabilityState.from_json(orjson.loads(orjson.dumps(edited.to_json()))) == edited
+    assert StabilityState.from_json(first.to_json()) == first
+    assert "edit_at" not in first.to_json()
+    bad = {**edited.to_json(), "edit_at": True}
+    assert StabilityState.from_json(bad) == first
+
+
 def test_tiers_follow_the_thresholds() -> None:
     t = TierThresholds(1, 3, 10)
     assert [t.tier(n) for n in (0, 1, 2, 3, 9, 10, 50)] == [0, 1, 1, 2, 2, 3, 3]

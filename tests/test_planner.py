@@ -200,6 +200,23 @@ def test_plan_cut_skips_an_earlier_summary() -> None:
     assert plan.verbatim_start > plan.body_start
 
 
+def test_plan_cut_ends_where_the_client_edits_its_own_history() -> None:
+    # A client that clears its older results in place from index e on: a record reaching past
+    # e would not match its next request, so no cut lies after it (the verbatim window then
+    # starts there at the latest); none at all when no legal cut is that early.
+    msgs = [sys_(), *alternating(8, head=0)]
+    counts = [10] * len(msgs)
+    s = CompactionSettings(verbatim_window_tokens=25, min_verbatim_exchanges=1)
+    free = plan_cut(msgs, counts, 1, s)
+    assert free is not None and free.verbatim_start > 6
+    held = plan_cut(msgs, counts, 1, s, last_cut=6)
+    assert held is not None
+    assert held.verbatim_start <= held.latest_cut <= 6
+    assert held.latest_cut in held.cuts and held.cuts == free.cuts
+    assert plan_cut(msgs, counts, 1, s, last_cut=free.latest_cut) == free  # (no change)
+    assert plan_cut(msgs, counts, 1, s, last_cut=1) is None
+
+
 # ---- decide() --------------------------------------------------------------------------------
 
 S = CompactionSettings(trigger_tokens=1000, emergency_factor=2.0)

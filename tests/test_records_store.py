@@ -19,6 +19,7 @@ from proxy.core.records import (
     body_start,
     conv_key,
     find_checkpoint,
+    llm_since,
     parse_checkpoints,
     substitute,
 )
@@ -92,6 +93,23 @@ def test_parse_checkpoints_skips_malformed_items() -> None:
         Checkpoint(3, "ab", 1.5),
     ]
     assert parse_checkpoints(None) == [] and parse_checkpoints({"k": 1}) == []
+
+
+def test_the_last_llm_compaction_is_found_when_its_record_no_longer_matches() -> None:
+    # Checkpoints carry their record's llm_request_len ("n", #25); malformed ones read 0.
+    raw = [{"k": 3, "h": "ab", "t": 1.0, "n": 40}, {"k": 3, "h": "ab", "n": True},
+           {"k": 3, "h": "ab", "n": -2}]  # fmt: skip
+    assert [cp.llm_len for cp in parse_checkpoints(raw)] == [40, 0, 0]
+    record = CompactionRecord(k=5, prefix_hash="x", head_len=1, summary=None, case="summarize",
+                              covered=4, created_at=0.0, request_len=20)  # fmt: skip
+    # The record in effect carries its own; the conversation's newest, when later and within
+    # this history (the client edited before that one's cut); a history shorter than it is a
+    # new start, measured from the record alone.
+    assert llm_since(record, 0, 60) == 20
+    assert llm_since(record, 45, 60) == 45
+    assert llm_since(record, 10, 60) == 20
+    assert llm_since(record, 80, 60) == 20
+    assert llm_since(None, 45, 60) == 45 and llm_since(None, 80, 60) == 0
 
 
 def test_substitute_keeps_head_then_summary_then_tail() -> None:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from proxy.core import anchors, behaviour, layout, lossreport, pins, planner, prune, references
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
-from proxy.core.records import LLM_CASES, CompactionRecord, llm_request_len
+from proxy.core.records import LLM_CASES, CompactionRecord
 from proxy.core.types import Case, CaseName
 from proxy.core.view import reviewed
 
@@ -79,12 +79,18 @@ def pins_for(env: Env, p: Prepared, start: int, cut: int) -> pins.Pins:
 
 
 def widened(
-    env: Env, p: Prepared, plan: planner.CutPlan, *, relax: bool = False
+    env: Env,
+    p: Prepared,
+    plan: planner.CutPlan,
+    *,
+    relax: bool = False,
+    bound: int | None = None,
 ) -> planner.CutPlan | None:
     """``plan`` with a cut late enough that the result is at most ``compact_to_share`` of the
     trigger (``planner.widen``), counting the head, the pins and a full summary with its key
     references; with ``relax`` (an optional compaction), at most ``planner.relaxed_target``
-    when no cut reaches the share. None when no legal cut gets there (no LLM call is made)."""
+    when no cut reaches the share; with ``bound``, under it when no cut reaches the share.
+    None when no legal cut gets there (no LLM call is made)."""
     s = env.settings
     counts = p.forwarded_counts
     body, earlier_at = p.body_start()
@@ -103,6 +109,8 @@ def widened(
     relaxed = planner.relaxed_target(s, p.forwarded_tokens)
     if widest is None and relax and relaxed > share:
         widest = planner.widen(plan, counts, kept, note, relaxed)
+    if widest is None and bound is not None and bound > share:
+        widest = planner.widen(plan, counts, kept, note, bound - 1)
     return widest
 
 
@@ -112,18 +120,24 @@ def llm_can_go(env: Env, p: Prepared) -> bool:
     if planner.over_limit(p.forwarded_tokens, p.decision):
         return True
     body, _ = p.body_start()
-    plan = planner.plan_cut(p.forwarded, p.forwarded_counts, p.head_len, env.settings, body)
+    plan = planner.plan_cut(
+        p.forwarded, p.forwarded_counts, p.head_len, env.settings, body, p.cut_limit()
+    )
     return plan is not None and widened(env, p, plan, relax=True) is not None
 
 
 def pruning(env: Env, p: Prepared, *, at_least: int) -> Outcome:
     """The pruning tier: old tool results replaced by placeholders, when that frees enough."""
     started = time.monotonic()
+    # Optional, only the results before where the client edits its own history (its next
+    # request would not match a record reaching past it).
+    optional = not planner.over_limit(p.forwarded_tokens, p.decision)
     found = prune.plan(
         p.forwarded,
         env.settings,
         lambda text: env.counter.count_text(text, p.model),
         keep=p.keep_results,
+        end=p.cut_limit() if optional else None,
     )
     if not found.replacements or found.freed_tokens < max(1, at_least):
         return nothing("pruning would not free enough")
@@ -190,7 +204,7 @@ def record_for(
         unpinned=pin_lines(None, found.oversized if found else {}, p.origins),
         anchors=anchored.to_json() if anchored else {},
         request_len=len(p.original),
-        llm_request_len=len(p.original) if case in LLM_CASES else llm_request_len(p.record),
+        llm_request_len=len(p.original) if case in LLM_CASES else p.llm_since,
     )
 
 

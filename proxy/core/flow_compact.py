@@ -113,19 +113,31 @@ def llm_compaction(env: Env, p: Prepared, started: float) -> Flow[Outcome]:
     s = env.settings
     fwd = p.forwarded
     body, earlier_at = p.body_start()
-    plan = planner.plan_cut(fwd, p.forwarded_counts, p.head_len, s, body)
-    if plan is None:
-        return nothing(NOTHING_TO_CUT)
+    # Where the client edits its own history, a record reaching past it would not match its
+    # next request (``Prepared.cut_limit``): an optional compaction ends before; a forced
+    # one too when that gets it under the hard limit (else, the next request forced another).
+    last = p.cut_limit()
+    plan = planner.plan_cut(fwd, p.forwarded_counts, p.head_len, s, body, last)
     if not planner.over_limit(p.forwarded_tokens, p.decision):
+        if plan is None:
+            return nothing(NOTHING_TO_CUT)
         plan = candidates.widened(env, p, plan, relax=True)
         if plan is None:
             return nothing(TOO_SHALLOW)
     else:
+        limit = p.decision.limit_tokens
+        held = None
+        if plan is not None and last is not None:
+            held = candidates.widened(env, p, plan, bound=limit)
+        if held is None and last is not None:
+            plan = planner.plan_cut(fwd, p.forwarded_counts, p.head_len, s, body)
+        if plan is None:
+            return nothing(NOTHING_TO_CUT)
         # Forced: as near the target as the legal cuts allow (the latest one at worst, which
         # keeps min_verbatim_exchanges). Keeping the whole verbatim window instead left the
         # history near the trigger, and the hard limit forced the next one a request or two
         # later (a treadmill at the bound).
-        plan = candidates.widened(env, p, plan) or planner.at_latest_cut(plan)
+        plan = held or candidates.widened(env, p, plan) or planner.at_latest_cut(plan)
     offset, window = detector.detector_window(fwd, plan.body_start, s.detector_window_messages)
     detection = detector.SAFE_DEFAULT
     spent = Spent()

@@ -21,11 +21,17 @@ from proxy.core.errors import StoreError
 from proxy.core.fingerprint import conversation_id, earlier_conversation_id, fingerprint
 from proxy.core.flow_compact import may_share, persist
 from proxy.core.flow_watch import watch
-from proxy.core.lookup import best_checkpoint, checked_record, checkpoint_keys, record_key
+from proxy.core.lookup import (
+    best_checkpoint,
+    checked_record,
+    checkpoint_keys,
+    last_llm_len,
+    record_key,
+)
 from proxy.core.messages import Message
 from proxy.core.modelmap import context_window, provider_family
 from proxy.core.prepared import Env, Outcome, Prepared
-from proxy.core.records import CompactionRecord, conv_key
+from proxy.core.records import CompactionRecord, conv_key, llm_since
 from proxy.core.reprint import Reuse, counted, fingerprinted
 from proxy.core.sharedcall import SharedCall
 from proxy.core.stability import StabilityState
@@ -87,6 +93,8 @@ class State:
     meta: Any = None  # the ledger's view of the conversation (``policy: cost`` only)
     behave: Any = None  # the agent's behaviour after each compaction (flow_watch)
     loop: LoopBreak | None = None  # the loop breaker's decision in force
+    # The newest checkpoint's last LLM compaction (``lookup.last_llm_len``), matching or not.
+    last_llm: int = 0
 
 
 def identify(env: Env, messages: list[Message], req: Request) -> Identity:
@@ -133,6 +141,7 @@ def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
         meta=got.get(meta[0]) if meta else None,
         behave=got.get(behave),
         loop=LoopBreak.from_json(got.get(loop)),
+        last_llm=last_llm_len(got, t, conv, earlier),
     )
 
 
@@ -177,6 +186,8 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         earlier_conversation=ident.earlier,
         outside_cache_marks=req.outside_cache_marks,
         shared=req.shared,
+        llm_since=llm_since(state.record, state.last_llm, len(messages)),
+        edit_limit=state.tracker.edit_limit() if state.tracker else None,
     )
     if state.paused and not bypass:
         controls = Controls("compaction paused for this conversation", "opt-out")
@@ -194,7 +205,7 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
 
     def decide(p: Prepared) -> Prepared:
         t = judge(env, p, state.meta, req.now)
-        soon = timing.too_soon(s, p.original, p.original_counts, p.record)
+        soon = timing.too_soon(s, p.original, p.original_counts, p.llm_since)
         decision = planner.decide(
             p.forwarded_tokens, s, context_window=window, bypass=bypass,
             cooling_down=state.cooling, pays=t.pays, cold=t.cold, hold_reason=t.reason,
@@ -282,6 +293,14 @@ def judge(
     s = env.settings
     # (What the cost policy never reads, a request under the trigger does not scan for.)
     judged = llm and s.policy == "cost" and p.forwarded_tokens > s.trigger_tokens
+    last = p.cut_limit() if judged and after is None else None
+    if last is not None:
+        # The client edits its history from there on: the summary ends there, what follows
+        # stays (the head and the summary besides), whatever the verbatim window would take.
+        head = sum(p.forwarded_counts[: p.head_len])
+        kept = head + s.summary_budget_tokens + sum(p.forwarded_counts[max(last, p.head_len) :])
+        after = max(kept, timing.expected_after(s, head, p.forwarded_tokens))
+        after = min(after, p.forwarded_tokens)
     return timing.judge(
         s, p.model, forwarded_tokens=p.forwarded_tokens,
         head_tokens=sum(p.forwarded_counts[: p.head_len]), meta=meta, now=now,
@@ -305,6 +324,14 @@ def stabilise(
     items = stability.prompt_items(fps, head_len, summary_at)
     record_hash = p.record.prefix_hash if p.record else None
     state = stability.observe(previous, items, record_hash)
+    changed = stability.first_change(previous, items, record_hash)
+    at = p.origins[changed] if changed is not None and p.record is not None else changed
+    if at is not None:  # (a stored message never changes: the client's own changed)
+        state = dataclasses.replace(state, edit_at=at, edit_age=0)
+    elif previous is not None and previous.edit_at >= 0:
+        state = dataclasses.replace(
+            state, edit_at=previous.edit_at, edit_age=previous.edit_age + 1
+        )
     p = p.but(stability=state)
     if provider_family(p.model) != "anthropic" or stability.has_cache_marks(p.original):
         return p  # (the client manages its own cache breakpoints: never touch them)

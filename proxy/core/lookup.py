@@ -39,6 +39,22 @@ def best_checkpoint(
     return best
 
 
+def last_llm_len(
+    lists: Mapping[str, Any], tenant: str, conversation: str, earlier: str | None
+) -> int:
+    """The ``llm_request_len`` of the conversation's newest checkpoint (the earlier id's
+    too), whether or not its prefix is on this request's chain (0: none)."""
+    newest: Checkpoint | None = None
+    for conv in (conversation, earlier):
+        if conv is None:
+            continue
+        for cp in _parse(lists.get(conv_key("ck", tenant, conv)) or []):
+            # Appended in order: the last one of equal (or unknown) time is the newest.
+            if newest is None or (cp.created or 0.0) >= (newest.created or 0.0):
+                newest = cp
+    return newest.llm_len if newest is not None else 0
+
+
 def record_key(tenant: str, conversation: str, cp: Checkpoint) -> str:
     return conv_key("rec", tenant, conversation) + ":" + cp.prefix_hash
 

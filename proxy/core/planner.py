@@ -235,11 +235,14 @@ def plan_cut(
     head_len: int,
     settings: CompactionSettings,
     body_start: int | None = None,
+    last_cut: int | None = None,
 ) -> CutPlan | None:
     """The cut plan for ``messages`` (head, optional pins and earlier summary, body), or None.
 
     ``body_start``: where the body begins (after an earlier summary); by default right after
-    the head, or after a summary found right after it."""
+    the head, or after a summary found right after it. ``last_cut``: no cut after it (the
+    client edits its own history from there on: a record reaching past it would stop
+    matching its next request); the verbatim window then starts there at the latest."""
     if body_start is None:
         s_idx = summary_index(messages, head_len)
         body_start = head_len + (1 if s_idx is not None else 0)
@@ -250,6 +253,12 @@ def plan_cut(
     latest = latest_cut_keeping(messages, cuts, settings.min_verbatim_exchanges)
     if latest is None or latest < start:
         latest = start
+    if last_cut is not None and latest > last_cut:
+        allowed = [c for c in cuts if body_start < c <= last_cut]
+        if not allowed:
+            return None
+        latest = allowed[-1]
+        start = min(start, latest)
     return CutPlan(head_len, body_start, start, latest, tuple(cuts))
 
 

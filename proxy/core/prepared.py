@@ -94,6 +94,13 @@ class Prepared:
     # The summarizer call that reads the conversation's own cache (``proxy.core.sharedcall``),
     # when the front door can make it.
     shared: SharedCall | None = None
+    # Messages in the request of the conversation's last LLM compaction (``records.llm_since``;
+    # 0: none): where the no-treadmill rule measures growth from, and what a pruning's or
+    # emergency cut's record carries on.
+    llm_since: int = 0
+    # The client edits its own history in place from this index on (``StabilityState
+    # .edit_limit``; None: not lately): an optional compaction's record must end there.
+    edit_limit: int | None = None
 
     @property
     def as_sent(self) -> bool:
@@ -114,6 +121,15 @@ class Prepared:
         return layout.View(
             self.forwarded, self.origins, body_start(self.record), len(self.original)
         )
+
+    def cut_limit(self) -> int | None:
+        """The last forwarded position an optional compaction may cut at (or prune before),
+        so that its record's prefix ends at or before ``edit_limit``; None: anywhere."""
+        if self.edit_limit is None:
+            return None
+        k = self.record.k if self.record else 0
+        prefix = len(self.forwarded) - (len(self.original) - k)
+        return prefix + max(self.edit_limit - k, 0)
 
     def body_start(self) -> tuple[int, int | None]:
         """Where the compactable body begins, and the earlier summary's index if there is one."""

@@ -220,11 +220,13 @@ def plan(
     count_text: Callable[[str], int],
     start: int = 0,
     keep: frozenset[str] = frozenset(),
+    end: int | None = None,
 ) -> PrunePlan:
-    """Which tool results of ``messages[start:]`` to clear (the caller decides whether the
+    """Which tool results of ``messages[start:end]`` to clear (the caller decides whether the
     plan pays: ``freed_tokens >= prune_clear_at_least``). Only tool-result content is ever
     replaced: a pinned user turn that also carries tool results keeps its own text."""
-    results = [r for r in tool_results(messages) if r.position >= start]
+    stop = len(messages) if end is None else end
+    results = [r for r in tool_results(messages) if start <= r.position < stop]
     recent = settings.prune_keep_tool_results
     keep_recent = {id(r) for r in results[len(results) - recent :]} if recent else set()
     excluded = set(settings.prune_exclude_tools)

@@ -38,6 +38,10 @@ class Checkpoint:
     # The record's ``created_at`` (checkpoints written since #28): which record it names, so
     # one read before need not be read again (``KnownRecords``).
     created: float | None = None
+    # The record's ``llm_request_len`` (written since #25's edited-history fix): the no-treadmill
+    # rule reads it from the conversation's newest checkpoint, whether or not its record
+    # still matches the client's history. 0: none, or a checkpoint from before.
+    llm_len: int = 0
 
 
 @dataclass(frozen=True)
@@ -117,6 +121,18 @@ def llm_request_len(record: CompactionRecord | None) -> int:
     return record.request_len if record.case in LLM_CASES else 0
 
 
+def llm_since(record: CompactionRecord | None, newest: int, length: int) -> int:
+    """Messages in the request of the conversation's last LLM compaction (0: none): the one
+    ``record`` carries on, or the conversation's newest (``newest``, from its checkpoints,
+    ``last_llm_len``) when that one is later. It is when the client edited its history
+    before that compaction's cut (cleared old tool results, say): its record no longer
+    matches, and the history from that request on is still what grew since. One past the
+    history's length is a history that shrank (the client's own compaction, a branch from
+    earlier): a new start, measured from ``record`` alone."""
+    since = llm_request_len(record)
+    return newest if since < newest <= length else since
+
+
 def _valid_prefix(prefix: Any, k: int) -> bool:
     if not isinstance(prefix, list):
         return False
@@ -146,10 +162,11 @@ def parse_checkpoints(raw: Any) -> list[Checkpoint]:
     if isinstance(raw, list):
         for item in raw:
             if isinstance(item, dict) and isinstance(item.get("k"), int):
-                h, t = item.get("h"), item.get("t")
+                h, t, n = item.get("h"), item.get("t"), item.get("n")
                 if isinstance(h, str):
                     created = float(t) if isinstance(t, int | float) else None
-                    out.append(Checkpoint(item["k"], h, created))
+                    llm_len = n if type(n) is int and n > 0 else 0
+                    out.append(Checkpoint(item["k"], h, created, llm_len))
     return out
 
 

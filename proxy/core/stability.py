@@ -31,15 +31,28 @@ class TierThresholds:
         return 3 if n >= self.l3 else 2 if n >= self.l2 else 1 if n >= self.l1 else 0
 
 
+# How many requests a client's in-place edit of its history is remembered (``edit_limit``):
+# a client that edits on every request (or every few) keeps it fresh; a one-off edit (a
+# branch, a single clearing) stops constraining compactions after this.
+EDIT_MEMORY = 5
+
+
 @dataclass(frozen=True)
 class StabilityState:
-    """The tracker for one conversation: the items in order with their counts."""
+    """The tracker for one conversation: the items in order with their counts; and where the
+    client last changed a message it had sent before (``edit_at``, an index of its history;
+    -1: never seen), ``edit_age`` requests ago."""
 
     record: str | None
     items: tuple[tuple[str, int], ...]
+    edit_at: int = -1
+    edit_age: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"record": self.record, "items": [list(i) for i in self.items]}
+        out: dict[str, Any] = {"record": self.record, "items": [list(i) for i in self.items]}
+        if self.edit_at >= 0:
+            out.update(edit_at=self.edit_at, edit_age=self.edit_age)
+        return out
 
     @classmethod
     def from_json(cls, data: Any) -> StabilityState | None:
@@ -55,7 +68,18 @@ class StabilityState:
             ):
                 items.append((item[0], item[1]))
         record = data.get("record")
-        return cls(record if isinstance(record, str) else None, tuple(items))
+        at, age = data.get("edit_at"), data.get("edit_age")
+        if type(at) is not int or type(age) is not int or at < 0 or age < 0:
+            at, age = -1, 0
+        return cls(record if isinstance(record, str) else None, tuple(items), at, age)
+
+    def edit_limit(self) -> int | None:
+        """The index of the client's history up to which a compaction's record may reach
+        (its ``k``) and still match the client's next requests, when the client edits its
+        own older messages in place (clears old tool results, keeps only its last
+        observations): the message it changed last, if that was within ``EDIT_MEMORY``
+        requests. None: no such edit seen lately."""
+        return self.edit_at if self.edit_at >= 0 and self.edit_age < EDIT_MEMORY else None
 
 
 def prompt_items(fps: Sequence[bytes], head_len: int, summary_index: int | None) -> list[str]:
@@ -89,6 +113,24 @@ def observe(
     counted = [(item, old[i][1] + 1) for i, item in enumerate(items[:same])]
     counted += [(item, 0) for item in items[same:]]
     return StabilityState(record, tuple(counted))
+
+
+def first_change(
+    previous: StabilityState | None, items: Sequence[str], record: str | None
+) -> int | None:
+    """Where this prompt first differs from the previous one of the conversation when the
+    client changed a message it had sent before (the previous prompt is not a prefix of this
+    one, under the same record): an item index; None otherwise (appended to, or shrunk, or
+    compacted in between, or no previous prompt)."""
+    if previous is None or previous.record != record:
+        return None
+    old = previous.items
+    for i, (was, _) in enumerate(old):
+        if i >= len(items):
+            return None  # shrunk to a prefix (a regenerated reply): nothing changed in place
+        if was != items[i]:
+            return i
+    return None
 
 
 def tiers(state: StabilityState, thresholds: TierThresholds) -> list[int]:

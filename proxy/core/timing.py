@@ -18,7 +18,6 @@ from typing import Any
 
 from proxy.core import billing, planner
 from proxy.core.messages import Message
-from proxy.core.records import CompactionRecord, llm_request_len
 from proxy.core.settings import CompactionSettings
 
 # A summary costs about its transcript and the detector's window in input tokens; the
@@ -54,17 +53,17 @@ def too_soon(
     s: CompactionSettings,
     original: Sequence[Message],
     original_counts: Sequence[int],
-    record: CompactionRecord | None,
+    since: int,
 ) -> str | None:
     """No treadmill, whatever the policy: why an optional LLM compaction must wait (None: it
-    need not). The last one (in the record in effect, or the one it carries on) must be
-    ``min_requests_between_compactions`` requests old, and the client's history must have
-    grown by a trigger's worth since: then each LLM compaction pays for one trigger of growth
-    at most, however large each request is. The hard limit overrides this (``planner``);
-    ``min_requests_between_compactions: 0`` turns it off."""
+    need not). The conversation's last one (``since``: the message count of its request,
+    ``records.llm_since``, whether or not its record still matches the client's history)
+    must be ``min_requests_between_compactions`` requests old, and the client's history must
+    have grown by a trigger's worth since: then each LLM compaction pays for one trigger of
+    growth at most, however large each request is. The hard limit overrides this
+    (``planner``); ``min_requests_between_compactions: 0`` turns it off."""
     if s.min_requests_between_compactions <= 0:
         return None  # configured off (tests of the mechanics at tiny triggers)
-    since = llm_request_len(record)
     if since <= 0 or since > len(original):
         return None  # none yet, or the client's own history shrank: a new start
     requests = sum(1 for m in original[since:] if m.get("role") == "assistant")

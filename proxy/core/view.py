@@ -9,7 +9,7 @@ from proxy.core import layout, planner
 from proxy.core.fingerprint import fingerprint
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Prepared
-from proxy.core.records import CompactionRecord, origins, substitute
+from proxy.core.records import CompactionRecord, llm_request_len, origins, substitute
 from proxy.core.tokens import TOKENS_PER_MESSAGE
 from proxy.core.types import Case
 
@@ -56,6 +56,7 @@ def view(
         case=record.case if record else Case.NONE,
         summary_joins=summary_joins,
         origins=where,
+        llm_since=llm_request_len(record),  # (``flow_prepare`` adds the conversation's newest)
     )
 
 
@@ -81,6 +82,7 @@ def reviewed(env: Env, p: Prepared, record: CompactionRecord) -> Prepared:
         case=fresh.case,
         origins=fresh.origins,
         compacted_now=True,
+        llm_since=max(p.llm_since, llm_request_len(record)),
     )
 
 

@@ -38,7 +38,7 @@ from proxy.core.controls import Controls
 from proxy.core.errors import CallRefused, CompactionFailed, StoreError
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, Prompts, nothing
-from proxy.core.records import MAX_CHECKPOINTS, conv_key
+from proxy.core.records import MAX_CHECKPOINTS, conv_key, llm_request_len
 from proxy.core.reprint import Reuse
 from proxy.core.settings import CompactionSettings
 from proxy.core.sharedcall import SharedCall
@@ -179,7 +179,10 @@ class Compactor:
         tenant, conversation = command.tenant, command.conversation
         key = conv_key("rec", tenant, conversation) + ":" + record.prefix_hash
         self.store.set(key, record.to_json(), ttl)
-        checkpoint = {"k": record.k, "h": record.prefix_hash, "t": record.created_at}
+        checkpoint = {
+            "k": record.k, "h": record.prefix_hash, "t": record.created_at,
+            "n": llm_request_len(record),
+        }  # fmt: skip
         self.store.append(conv_key("ck", tenant, conversation), checkpoint, ttl, MAX_CHECKPOINTS)
         ledger.record_compaction(
             self.store,
