@@ -55,12 +55,20 @@ def test_an_edit_in_place_is_found_and_remembered_a_few_requests() -> None:
     a, b, c, d = "system:a", "history:b", "history:c", "history:d"
     first = stability.observe(None, [a, b, c], None)
     # Appended to, shrunk (a regenerated reply), compacted in between: no edit in place.
-    assert stability.first_change(None, [a, b, c], None) is None
-    assert stability.first_change(first, [a, b, c, d], None) is None
-    assert stability.first_change(first, [a, b], None) is None
-    assert stability.first_change(first, [a, "history:x", c], "rec1") is None
-    # A message it had sent changed (an old result cleared): its index.
-    assert stability.first_change(first, [a, "history:x", c, d], None) == 1
+    assert first.edit_at == -1
+    assert stability.observe(first, [a, b, c, d], None).edit_at == -1
+    assert stability.observe(first, [a, b], None).edit_at == -1
+    assert stability.observe(first, [a, "history:x", c], "rec1").edit_at == -1
+    # A message it had sent changed (an old result cleared): its index; under a record, the
+    # index in the client's history the item forwards.
+    changed = stability.observe(first, [a, "history:x", c, d], None)
+    assert (changed.edit_at, changed.edit_age) == (1, 0)
+    assert stability.observe(first, [a, "history:x", c], None, [0, 9, 10]).edit_at == 9
+    assert stability.observe(first, [a, "history:x", c], None, [0, None, 10]).edit_at == -1
+    # Remembered, a request older each time, until another edit.
+    later = stability.observe(changed, [a, "history:x", c, d, "history:e"], None)
+    assert (later.edit_at, later.edit_age) == (1, 1)
+    assert later.edit_limit() == 1
     edited = StabilityState(None, first.items, edit_at=7, edit_age=0)
     assert edited.edit_limit() == 7
     old = StabilityState(None, first.items, edit_at=7, edit_age=stability.EDIT_MEMORY)

@@ -323,15 +323,9 @@ def stabilise(
         ]
     items = stability.prompt_items(fps, head_len, summary_at)
     record_hash = p.record.prefix_hash if p.record else None
-    state = stability.observe(previous, items, record_hash)
-    changed = stability.first_change(previous, items, record_hash)
-    at = p.origins[changed] if changed is not None and p.record is not None else changed
-    if at is not None:  # (a stored message never changes: the client's own changed)
-        state = dataclasses.replace(state, edit_at=at, edit_age=0)
-    elif previous is not None and previous.edit_at >= 0:
-        state = dataclasses.replace(
-            state, edit_at=previous.edit_at, edit_age=previous.edit_age + 1
-        )
+    state = stability.observe(
+        previous, items, record_hash, p.origins if p.record is not None else None
+    )
     p = p.but(stability=state)
     if provider_family(p.model) != "anthropic" or stability.has_cache_marks(p.original):
         return p  # (the client manages its own cache breakpoints: never touch them)

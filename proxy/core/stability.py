@@ -93,13 +93,21 @@ def prompt_items(fps: Sequence[bytes], head_len: int, summary_index: int | None)
 
 
 def observe(
-    previous: StabilityState | None, items: Sequence[str], record: str | None
+    previous: StabilityState | None,
+    items: Sequence[str],
+    record: str | None,
+    origins: Sequence[int | None] | None = None,
 ) -> StabilityState:
     """The tracker after one more request: an item unchanged in place, with everything
     before it unchanged too, counts one more; any other item restarts at 0.
 
     A different record than last time means a compaction happened: every ``history:*`` item
     is purged first, so it registers afresh at N = 0.
+
+    Under the same record, an item that differs before the previous prompt's end (neither
+    appended to nor shrunk to a prefix, as a regenerated reply is) is a message the client
+    changed after sending it: its index in the client's history (``origins``: each item's,
+    when a record forwards stored messages; by default the item's own) is ``edit_at``.
     """
     old = list(previous.items) if previous else []
     if previous is not None and previous.record != record:
@@ -112,25 +120,14 @@ def observe(
         same += 1
     counted = [(item, old[i][1] + 1) for i, item in enumerate(items[:same])]
     counted += [(item, 0) for item in items[same:]]
-    return StabilityState(record, tuple(counted))
-
-
-def first_change(
-    previous: StabilityState | None, items: Sequence[str], record: str | None
-) -> int | None:
-    """Where this prompt first differs from the previous one of the conversation when the
-    client changed a message it had sent before (the previous prompt is not a prefix of this
-    one, under the same record): an item index; None otherwise (appended to, or shrunk, or
-    compacted in between, or no previous prompt)."""
-    if previous is None or previous.record != record:
-        return None
-    old = previous.items
-    for i, (was, _) in enumerate(old):
-        if i >= len(items):
-            return None  # shrunk to a prefix (a regenerated reply): nothing changed in place
-        if was != items[i]:
-            return i
-    return None
+    edit_at, edit_age = -1, 0
+    if previous is not None and previous.edit_at >= 0:
+        edit_at, edit_age = previous.edit_at, previous.edit_age + 1
+    if previous is not None and previous.record == record and same < min(len(old), len(items)):
+        at = origins[same] if origins is not None else same
+        if at is not None:  # (a stored message never changes: the client's own did)
+            edit_at, edit_age = at, 0
+    return StabilityState(record, tuple(counted), edit_at, edit_age)
 
 
 def tiers(state: StabilityState, thresholds: TierThresholds) -> list[int]:
