@@ -136,20 +136,21 @@ def recorded(path: Path) -> Session:
 CLEARED = "[Old tool result content cleared]"
 
 
+def cleared(history: list[Message], keep: int) -> list[Message]:
+    """``history`` as a client that clears its own older tool results in place sends it: all
+    but its last ``keep`` results replaced by a marker (Claude Code's microcompact, OpenCode's
+    prune, SWE-agent's ``last_n_observations``)."""
+    results = [i for i, m in enumerate(history) if m.get("role") == "tool"]
+    old = set(results[: max(len(results) - keep, 0)])
+    return [{**m, "content": CLEARED} if i in old else m for i, m in enumerate(history)]
+
+
 def clearing(session: Session, keep: int) -> Session:
-    """``session`` as a client that clears its own older tool results in place sends it: all
-    but the last ``keep`` results of each request replaced by a marker (Claude Code's
-    microcompact, OpenCode's prune, SWE-agent's ``last_n_observations``), so each request
-    changes a message the previous one sent (#25, sixteenth stop)."""
-
-    def cleared(history: list[Message]) -> list[Message]:
-        results = [i for i, m in enumerate(history) if m.get("role") == "tool"]
-        old = set(results[: max(len(results) - keep, 0)])
-        return [{**m, "content": CLEARED} if i in old else m for i, m in enumerate(history)]
-
+    """``session`` with every request ``cleared``: each request changes a message the
+    previous one sent (#25, sixteenth stop)."""
     name = f"{session.name}, all but its last {keep} results cleared"
     return dataclasses.replace(
-        session, name=name, requests=[cleared(h) for h in session.requests]
+        session, name=name, requests=[cleared(h, keep) for h in session.requests]
     )
 
 

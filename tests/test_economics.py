@@ -11,6 +11,7 @@ import httpx
 import openai
 import pytest
 
+from bench import economics
 from proxy.adapters.llm import LLMReply
 from proxy.adapters.store import DiskStore
 from proxy.core import billing, costs, planner
@@ -232,20 +233,6 @@ async def test_treadmill_one_llm_compaction_per_trigger_of_growth_at_most(tmp_pa
     assert costly.summaries <= after.summaries
 
 
-CLEARED = "[Old tool result content cleared]"
-
-
-def cleared(msgs: list[dict[str, Any]], keep: int | None) -> list[dict[str, Any]]:
-    """``msgs`` as a client that clears its own old tool results in place sends them: all
-    but the last ``keep`` results replaced by a marker (Claude Code's microcompact, OpenCode's
-    prune, SWE-agent's ``last_n_observations``). None: as they are."""
-    if keep is None:
-        return list(msgs)
-    results = [i for i, m in enumerate(msgs) if m["role"] == "tool"]
-    old = set(results[: max(len(results) - keep, 0)])
-    return [{**m, "content": CLEARED} if i in old else m for i, m in enumerate(msgs)]
-
-
 async def _rounds(
     settings: CompactionSettings,
     tmp: Path,
@@ -258,8 +245,8 @@ async def _rounds(
     each), in the default background mode:
     each compaction's request index, growth since the previous one, and whether the hard
     limit forced it. ``keep``: the client clears all but its last ``keep`` tool results in
-    place (``cleared``); ``thoughts``: sentences of reasoning in each assistant turn (~9
-    tokens each), which it keeps."""
+    place (``bench.economics.cleared``); ``thoughts``: sentences of reasoning in each
+    assistant turn (~9 tokens each), which it keeps."""
     store = DiskStore(tmp)
     llm = ScriptedLLM()
     engine = Compactor(settings, store, llm, Prompts("d", "s"))
@@ -272,7 +259,8 @@ async def _rounds(
     first = last = 0
     for i in range(rounds):
         before = llm.summaries  # a forced compaction runs inline, in prepare
-        p = await engine.prepare(cleared(msgs, keep), model=GPT, tenant="t", now=20.0 * i)
+        sent = list(msgs) if keep is None else economics.cleared(msgs, keep)
+        p = await engine.prepare(sent, model=GPT, tenant="t", now=20.0 * i)
         first, last = first or p.original_tokens, p.original_tokens
         under.append(p.record is not None)
         engine.schedule(p)

@@ -21,13 +21,7 @@ from proxy.core.errors import StoreError
 from proxy.core.fingerprint import conversation_id, earlier_conversation_id, fingerprint
 from proxy.core.flow_compact import may_share, persist
 from proxy.core.flow_watch import watch
-from proxy.core.lookup import (
-    best_checkpoint,
-    checked_record,
-    checkpoint_keys,
-    last_llm_len,
-    record_key,
-)
+from proxy.core.lookup import checked_record, checkpoint_keys, checkpoints_found, record_key
 from proxy.core.messages import Message
 from proxy.core.modelmap import context_window, provider_family
 from proxy.core.prepared import Env, Outcome, Prepared
@@ -93,7 +87,8 @@ class State:
     meta: Any = None  # the ledger's view of the conversation (``policy: cost`` only)
     behave: Any = None  # the agent's behaviour after each compaction (flow_watch)
     loop: LoopBreak | None = None  # the loop breaker's decision in force
-    # The newest checkpoint's last LLM compaction (``lookup.last_llm_len``), matching or not.
+    # The newest checkpoint's last LLM compaction (``lookup.checkpoints_found``), matching
+    # or not.
     last_llm: int = 0
 
 
@@ -119,7 +114,7 @@ def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
     keys = (cool, pause, stab, refused, behave, loop, *meta)
     got = yield Read(values=keys, lists=checkpoint_keys(t, conv, earlier))
     tracker = _tracker(got.get(stab))
-    best = best_checkpoint(got, t, conv, earlier, ident.chain)
+    best, last_llm = checkpoints_found(got, t, conv, earlier, ident.chain)
     rec = record_key(t, best[1], best[0]) if best is not None else None
     known = env.records.get(rec, best[0], req.now) if best is not None and rec else None
     earlier_stab = conv_key("stab", t, earlier) if tracker is None and earlier else None
@@ -141,7 +136,7 @@ def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
         meta=got.get(meta[0]) if meta else None,
         behave=got.get(behave),
         loop=LoopBreak.from_json(got.get(loop)),
-        last_llm=last_llm_len(got, t, conv, earlier),
+        last_llm=last_llm,
     )
 
 
@@ -293,17 +288,17 @@ def judge(
     s = env.settings
     # (What the cost policy never reads, a request under the trigger does not scan for.)
     judged = llm and s.policy == "cost" and p.forwarded_tokens > s.trigger_tokens
+    head = sum(p.forwarded_counts[: p.head_len])
     last = p.cut_limit() if judged and after is None else None
     if last is not None:
         # The client edits its history from there on: the summary ends there, what follows
         # stays (the head and the summary besides), whatever the verbatim window would take.
-        head = sum(p.forwarded_counts[: p.head_len])
         kept = head + s.summary_budget_tokens + sum(p.forwarded_counts[max(last, p.head_len) :])
         after = max(kept, timing.expected_after(s, head, p.forwarded_tokens))
         after = min(after, p.forwarded_tokens)
     return timing.judge(
         s, p.model, forwarded_tokens=p.forwarded_tokens,
-        head_tokens=sum(p.forwarded_counts[: p.head_len]), meta=meta, now=now,
+        head_tokens=head, meta=meta, now=now,
         after=after, llm=llm, llm_model=s.summary_model, shared=judged and may_share(p),
     )  # fmt: skip
 

@@ -29,30 +29,33 @@ def best_checkpoint(
     chain: Sequence[bytes],
 ) -> tuple[Checkpoint, str] | None:
     """The longest checkpoint on ``chain`` among the conversation's and the earlier id's."""
+    return checkpoints_found(lists, tenant, conversation, earlier, chain)[0]
+
+
+def checkpoints_found(
+    lists: Mapping[str, Any],
+    tenant: str,
+    conversation: str,
+    earlier: str | None,
+    chain: Sequence[bytes],
+) -> tuple[tuple[Checkpoint, str] | None, int]:
+    """From one parse of the conversation's and the earlier id's checkpoints: the longest on
+    ``chain`` (``best_checkpoint``), and the ``llm_request_len`` of the newest, whether or not
+    its prefix is on ``chain`` (0: none)."""
     best: tuple[Checkpoint, str] | None = None
-    for conv in (conversation, earlier):
-        if conv is None:
-            continue
-        cp = find_checkpoint(_parse(lists.get(conv_key("ck", tenant, conv)) or []), chain)
-        if cp is not None and (best is None or cp.k > best[0].k):
-            best = (cp, conv)
-    return best
-
-
-def last_llm_len(
-    lists: Mapping[str, Any], tenant: str, conversation: str, earlier: str | None
-) -> int:
-    """The ``llm_request_len`` of the conversation's newest checkpoint (the earlier id's
-    too), whether or not its prefix is on this request's chain (0: none)."""
     newest: Checkpoint | None = None
     for conv in (conversation, earlier):
         if conv is None:
             continue
-        for cp in _parse(lists.get(conv_key("ck", tenant, conv)) or []):
+        parsed = _parse(lists.get(conv_key("ck", tenant, conv)) or [])
+        cp = find_checkpoint(parsed, chain)
+        if cp is not None and (best is None or cp.k > best[0].k):
+            best = (cp, conv)
+        for cp in parsed:
             # Appended in order: the last one of equal (or unknown) time is the newest.
             if newest is None or (cp.created or 0.0) >= (newest.created or 0.0):
                 newest = cp
-    return newest.llm_len if newest is not None else 0
+    return best, newest.llm_len if newest is not None else 0
 
 
 def record_key(tenant: str, conversation: str, cp: Checkpoint) -> str:

@@ -124,7 +124,7 @@ def llm_request_len(record: CompactionRecord | None) -> int:
 def llm_since(record: CompactionRecord | None, newest: int, length: int) -> int:
     """Messages in the request of the conversation's last LLM compaction (0: none): the one
     ``record`` carries on, or the conversation's newest (``newest``, from its checkpoints,
-    ``last_llm_len``) when that one is later. It is when the client edited its history
+    ``lookup.checkpoints_found``) when that one is later. It is when the client edited its history
     before that compaction's cut (cleared old tool results, say): its record no longer
     matches, and the history from that request on is still what grew since. One past the
     history's length is a history that shrank (the client's own compaction, a branch from
