@@ -3,18 +3,21 @@ over-window counterfactual, net-first surfaces and the phantom-savings report.""
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from bench import economics
 from proxy.adapters.llm import LLMReply
 from proxy.adapters.store import DiskStore
 from proxy.core import billing, costs, planner
+from proxy.core.messages import SUMMARY_PREFIX
 from proxy.core.prepared import Prompts
 from proxy.core.records import conv_key
 from proxy.core.settings import CompactionSettings
@@ -233,6 +236,20 @@ async def test_treadmill_one_llm_compaction_per_trigger_of_growth_at_most(tmp_pa
     assert costly.summaries <= after.summaries
 
 
+def _round(i: int, lines: int, thoughts: int) -> list[dict[str, Any]]:
+    """An agent's round ``i``: a read_file call with ``thoughts`` sentences of reasoning
+    (~9 tokens each), and its result of ``lines`` lines (~13 tokens each)."""
+    args = f'{{"path": "f{i}.py"}}'
+    call = {"id": f"c{i}", "type": "function",
+            "function": {"name": "read_file", "arguments": args}}  # fmt: skip
+    said = f"Reading f{i}.py." + " The value may come from this module." * thoughts
+    body = "\n".join(f"{n:4d} value_{i}_{n} = compute({n})" for n in range(lines))
+    return [
+        {"role": "assistant", "content": said, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{i}", "content": body},
+    ]
+
+
 async def _rounds(
     settings: CompactionSettings,
     tmp: Path,
@@ -268,13 +285,7 @@ async def _rounds(
         if llm.summaries > before:
             forced = p.decision.reason.startswith("over ") and "trigger" not in p.decision.reason
             made.append((i, p.original_tokens, forced))
-        args = f'{{"path": "f{i}.py"}}'
-        call = {"id": f"c{i}", "type": "function",
-                "function": {"name": "read_file", "arguments": args}}  # fmt: skip
-        said = f"Reading f{i}.py." + " The value may come from this module." * thoughts
-        msgs.append({"role": "assistant", "content": said, "tool_calls": [call]})
-        body = "\n".join(f"{n:4d} value_{i}_{n} = compute({n})" for n in range(lines))
-        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": body})
+        msgs += _round(i, lines, thoughts)
     store.close()
     # What the client added over the session (its results as they first arrived).
     added = _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
@@ -356,6 +367,76 @@ async def test_a_client_clearing_its_own_old_results_gets_no_treadmill(
     if policy == "tokens":
         assert seen, made
     assert all(got["under"][i + 1] for i in seen), (made, got["under"])
+
+
+def _summary_of(request: dict) -> str:
+    """The scripted summarizer's reply, numbered, so a forwarded body names the compaction it
+    carries (the rest is from the span: a summary naming nothing in it is refused)."""
+    _summary_of.made += 1  # type: ignore[attr-defined]
+    files = sorted(set(re.findall(r"f\d+\.py", orjson.dumps(request).decode())))
+    return (
+        f"SUMMARY-{_summary_of.made}: the agent read {', '.join(files)} to fix the failing"  # type: ignore[attr-defined]
+        " test; the value may come from this module, where each value is computed."
+    )
+
+
+def _summary_in(body: bytes) -> str | None:
+    """The summary message a forwarded body carries (a summary or an emergency's note)."""
+    for m in orjson.loads(body)["messages"]:
+        if isinstance(m.get("content"), str) and m["content"].startswith(SUMMARY_PREFIX):
+            return str(m["content"])
+    return None
+
+
+@pytest.mark.parametrize("summaries", ["ok", "error500"])
+@pytest.mark.parametrize("prune", [False, True])
+def test_a_clearing_client_through_the_proxy_compacts_once_per_trigger_of_growth(
+    tmp_path: Path, prune: bool, summaries: str
+) -> None:
+    # The clearing client of the test above, end to end: a real proxy process, the official
+    # client, and the strict upstream recording what the proxy sent it. No conversation id:
+    # Claude Code and OpenCode send none, so the proxy knows the conversation by its bytes,
+    # which the client keeps editing. Inline, so each compaction is in its request's answer.
+    # With the summarizer failing, the emergency cut (no LLM) is what holds it under the
+    # bound: before, it reached past where the client edits, the next request matched no
+    # record and was cut anew, its cache lost, on every request (33 in a row here).
+    _summary_of.made = 0  # type: ignore[attr-defined]
+    low = dict(trigger_tokens=3000, verbatim_window_tokens=900, summary_budget_tokens=200,
+               prune=prune, emergency_factor=2.0, mode="inline", policy="tokens")  # fmt: skip
+    keep, rounds = 8, 48
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Fix the failing test."},
+    ]
+    with (
+        ScriptedUpstream(summarizer=_summary_of, summarizer_mode=summaries) as up,
+        ProxyProcess(tmp_path, up.base_url, compaction=low) as px,
+    ):
+        client = openai.OpenAI(base_url=px.base_url, api_key="sk-econ", max_retries=0)
+        for i in range(rounds):
+            sent = economics.cleared(msgs, keep)
+            client.chat.completions.create(model=GPT, messages=sent)  # type: ignore[arg-type]
+            msgs += _round(i, 30, 20)
+        forwarded = [_summary_in(r.body) for r in up.chat_requests(None)]
+        calls = len(up.summarizer_calls())
+    assert len(forwarded) == rounds  # one forwarded request per request, none refused
+    added = _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
+    trigger = low["trigger_tokens"]
+    assert added > 6 * trigger
+    # A compaction: a request forwarded with a summary message its previous one did not carry.
+    made = [i for i, m in enumerate(forwarded) if m and (i == 0 or forwarded[i - 1] != m)]
+    assert made, "nothing was compacted: the rule was not exercised"
+    # At most one per trigger's worth of what the client added (before the sixteenth stop:
+    # an LLM compaction on nearly every request past it), and no more summarizer calls.
+    assert len(made) <= 1 + added / trigger, made
+    assert calls <= 1 + added / trigger
+    if summaries == "ok":
+        assert all(m and "SUMMARY-" in m for m in (forwarded[i] for i in made)), made
+    # One made after the client was seen clearing (from request keep + 1) holds on the next
+    # request: its record stops short of where the client edits.
+    seen = [i for i in made if i > keep + 1 and i + 1 < rounds]
+    assert seen, made
+    assert all(forwarded[i + 1] == forwarded[i] for i in seen), made
 
 
 async def test_pins_above_the_share_do_not_hold_every_compaction_to_the_bound(

@@ -369,6 +369,21 @@ def test_emergency_cut_without_a_fitting_cut_keeps_the_last_turn() -> None:
     assert emergency_cut(msgs, counts, 1, limit_tokens=100, note_tokens=0) == 5
 
 
+def test_emergency_cut_within_a_last_cut_takes_the_latest_when_none_fits_the_target() -> None:
+    # Cuts 3, 5, 7 leave 610, 410, 210 tokens. Where the client edits its history (cut 5 at
+    # the latest) and no allowed cut fits the target: the earliest fitting the limit (3) left
+    # it just under the limit and the next request was cut anew; the latest allowed cut (5)
+    # leaves the most room. Without a fit even there, the last allowed cut all the same.
+    msgs = alternating(4)
+    counts = [10, 100, 100, 100, 100, 100, 100, 100, 100]
+    assert emergency_cut(msgs, counts, 1, 700, 0, target_tokens=300) == 7
+    assert emergency_cut(msgs, counts, 1, 700, 0, target_tokens=100) == 3
+    assert emergency_cut(msgs, counts, 1, 700, 0, target_tokens=100, last_cut=5) == 5
+    assert emergency_cut(msgs, counts, 1, 700, 0, target_tokens=450, last_cut=5) == 5
+    assert emergency_cut(msgs, counts, 1, 700, 0, target_tokens=650, last_cut=5) == 3
+    assert emergency_cut(msgs, counts, 1, 100, 0, target_tokens=50, last_cut=3) == 3
+
+
 def test_emergency_cut_never_splits_a_tool_round() -> None:
     msgs = [sys_(), user(), calls("a"), user("x"), result("a"), asst(), user(), asst()]
     counts = [10, 10, 10, 10, 10, 10, 10, 10]

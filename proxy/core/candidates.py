@@ -126,18 +126,18 @@ def llm_can_go(env: Env, p: Prepared) -> bool:
     return plan is not None and widened(env, p, plan, relax=True) is not None
 
 
-def pruning(env: Env, p: Prepared, *, at_least: int) -> Outcome:
-    """The pruning tier: old tool results replaced by placeholders, when that frees enough."""
+def pruning(env: Env, p: Prepared, *, at_least: int, held: bool = False) -> Outcome:
+    """The pruning tier: old tool results replaced by placeholders, when that frees enough.
+    Optional (or ``held``), only the results before where the client edits its own history:
+    its next request would not match a record reaching past it."""
     started = time.monotonic()
-    # Optional, only the results before where the client edits its own history (its next
-    # request would not match a record reaching past it).
-    optional = not planner.over_limit(p.forwarded_tokens, p.decision)
+    held = held or not planner.over_limit(p.forwarded_tokens, p.decision)
     found = prune.plan(
         p.forwarded,
         env.settings,
         lambda text: env.counter.count_text(text, p.model),
         keep=p.keep_results,
-        end=p.cut_limit() if optional else None,
+        end=p.cut_limit() if held else None,
     )
     if not found.replacements or found.freed_tokens < max(1, at_least):
         return nothing("pruning would not free enough")
@@ -272,10 +272,22 @@ def build(
 
 def emergency(env: Env, p: Prepared, limit: int, reason: str) -> Outcome:
     """No LLM: prune every old tool result, then drop the oldest whole rounds (pins and the
-    recent window stay) down to the trigger, so that this does not fire again soon."""
+    recent window stay) down to the trigger, so that this does not fire again soon.
+
+    Where the client edits its own history, within ``Prepared.cut_limit`` when that gets under
+    ``limit``: a record reaching past it does not match the next request, which was cut anew,
+    its cache lost, on every request (a clearing client whose summaries failed)."""
+    if p.cut_limit() is not None:
+        held = _emergency(env, p, limit, reason, held=True)
+        if held.record is not None and held.record.tokens_after <= limit:
+            return held
+    return _emergency(env, p, limit, reason, held=False)
+
+
+def _emergency(env: Env, p: Prepared, limit: int, reason: str, *, held: bool) -> Outcome:
     started = time.monotonic()
     s = env.settings
-    pruned = verdict(env, p, pruning(env, p, at_least=1))
+    pruned = verdict(env, p, pruning(env, p, at_least=1, held=held))
     work = p if pruned.record is None else reviewed(env, p, pruned.record)
     if pruned.record is not None and work.forwarded_tokens <= s.trigger_tokens:
         return pruned
@@ -302,6 +314,7 @@ def emergency(env: Env, p: Prepared, limit: int, reason: str) -> Outcome:
         target_tokens=s.trigger_tokens,
         body_start=body,
         kept_tokens=kept,
+        last_cut=work.cut_limit() if held else None,
     )
     if cut is None:
         return pruned if pruned.record is not None else nothing(f"{reason}; nothing can be dropped")

@@ -349,18 +349,26 @@ def emergency_cut(
     target_tokens: int | None = None,
     body_start: int | None = None,
     kept_tokens: Sequence[int] | None = None,
+    last_cut: int | None = None,
 ) -> int | None:
     """Where emergency truncation cuts: the earliest legal cut whose result fits
     ``target_tokens`` (the trigger: so that it does not fire again a few requests later), else
     the earliest that fits ``limit_tokens``, else the last legal cut.
 
     The oldest whole rounds are dropped when no LLM path could help. ``kept_tokens[c]``: tokens
-    of what stays in place before cut c (head, pins); by default the head alone.
+    of what stays in place before cut c (head, pins); by default the head alone. ``last_cut``:
+    no cut after it (where the client edits its own history, ``Prepared.cut_limit``), and the
+    last one when none fits the target: the earliest fitting the limit left the history just
+    under it, and the next request was cut again.
     """
     if body_start is None:
         s_idx = summary_index(messages, head_len)
         body_start = head_len + (1 if s_idx is not None else 0)
-    cuts = [c for c in cut_points(messages, body_start) if c > body_start]
+    cuts = [
+        c
+        for c in cut_points(messages, body_start)
+        if c > body_start and (last_cut is None or c <= last_cut)
+    ]
     if not cuts:
         return None
     suffix = [0] * (len(messages) + 1)
@@ -372,7 +380,7 @@ def emergency_cut(
         kept = kept_tokens[c] if kept_tokens is not None else head_tokens
         return kept + note_tokens + suffix[c]
 
-    for bound in (target_tokens, limit_tokens):
+    for bound in (target_tokens, None if last_cut is not None else limit_tokens):
         if bound is None:
             continue
         for c in cuts:
