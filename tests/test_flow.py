@@ -6,6 +6,7 @@ emergency and failure.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Generator
@@ -14,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from proxy.core import flow_compact, flow_prepare
+from proxy.core import candidates, flow_compact, flow_prepare, planner
 from proxy.core.candidates import EMERGENCY_NOTE
 from proxy.core.commands import CompactNow, Complete, Cooldown, Emit, Persist, Read
 from proxy.core.errors import CompactionFailed, StoreError
@@ -210,6 +211,35 @@ def test_summarize_inline_detector_then_summarizer_then_persist() -> None:
     assert done.compacted_now and done.case == "summarize" and done.record == record
     assert done.forwarded_tokens < p.forwarded_tokens
     assert any(GOOD_SUMMARY in str(m.get("content")) for m in done.forwarded)
+
+
+def test_a_summary_longer_than_counted_by_its_references_alone_is_not_refused() -> None:
+    # The cut is chosen before the LLM calls, counting the summary at its budget and the
+    # Key references line at its base budget; the line's budget grows with the span (up to
+    # 4x). A summary over the no-treadmill target by no more than that was refused after its
+    # two calls (three replayed runs on OpenAI's prices: calls paid for nothing, 1.01x).
+    e = env(mode="inline")
+    step = start(e, conversation(14))
+    p, inner = compacting(e, step)
+    inner.send(Reply(NULL_DETECTION))
+    inner.send(Reply(GOOD_SUMMARY))
+    record = finish_persist(inner, "summarize")
+    target = planner.relaxed_target(e.settings, p.forwarded_tokens)
+    refs = " ".join(f"src/pkg/module_{n}.py" for n in range(60))
+    long_note = {
+        **record.summary,
+        "content": f"{record.summary['content']}\n\nKey references: {refs}",
+    }
+    longer = candidates.overrun(e, p, dataclasses.replace(record, summary=long_note))
+    assert 0 < longer and target + longer < p.forwarded_tokens
+    assert candidates.overrun(e, p, record) == 0  # the ordinary summary fits the count
+
+    def judged(summary: Any, after: int) -> bool:
+        made = dataclasses.replace(record, summary=summary, tokens_after=after)
+        return candidates.verdict(e, p, Outcome("summarize", made, "r")).record is not None
+
+    assert judged(record.summary, target) and not judged(record.summary, target + 1)
+    assert judged(long_note, target + longer) and not judged(long_note, target + longer + 1)
 
 
 # ---- truncate --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from proxy.core import anchors, behaviour, layout, lossreport, pins, planner, pr
 from proxy.core.messages import Message
 from proxy.core.prepared import Env, Outcome, Prepared, nothing, unpinned
 from proxy.core.records import LLM_CASES, CompactionRecord
+from proxy.core.settings import CompactionSettings
 from proxy.core.types import Case, CaseName
 from proxy.core.view import reviewed
 
@@ -34,7 +35,7 @@ def verdict(env: Env, p: Prepared, outcome: Outcome, *, llm_next: bool = False) 
     - No treadmill: an optional summary or truncation (under the hard limit) must leave at
       most ``planner.relaxed_target``: ``compact_to_share`` of the trigger, or more when it
       still frees the distance from the trigger to that share (``widened`` aims at the share
-      first).
+      first), plus what its note came out longer than ``widened`` counted (``overrun``).
     """
     record = outcome.record
     if record is None:
@@ -45,13 +46,34 @@ def verdict(env: Env, p: Prepared, outcome: Outcome, *, llm_next: bool = False) 
         return nothing(f"{record.case} would not reduce tokens")
     s = env.settings
     optional = not planner.over_limit(p.forwarded_tokens, p.decision)
-    target = planner.relaxed_target(s, p.forwarded_tokens)
+    target = planner.relaxed_target(s, p.forwarded_tokens) + overrun(env, p, record)
     if record.case in (Case.SUMMARIZE, Case.TRUNCATE) and optional and record.tokens_after > target:
         return nothing(f"{record.case} would leave {record.tokens_after} tokens (target {target})")
     room = s.trigger_tokens - s.prune_clear_at_least
     if record.case == Case.PRUNE and llm_next and record.tokens_after > room:
         return nothing("pruning would leave too little room; the summary tier goes instead")
     return outcome
+
+
+def note_tokens(settings: CompactionSettings) -> int:
+    """What ``widened`` counts for a summary before it is made: its budget, a ``Key
+    references:`` line at the base budget, its header."""
+    return settings.summary_budget_tokens + settings.key_references_max_chars // 4 + 40
+
+
+def overrun(env: Env, p: Prepared, record: CompactionRecord) -> int:
+    """How much longer ``record``'s summary came out than ``note_tokens``: its references'
+    budget grows with the span (up to 4x, ``references.budget``), which the cut, chosen before
+    the calls, could not count. Refusing such a summary for it threw its two LLM calls away
+    (1.01x forwarding unchanged on three replayed runs), and its cut still left the share."""
+    if record.summary is None:
+        return 0
+    counted = note_tokens(env.settings)
+    _, earlier_at = p.body_start()
+    if earlier_at is not None:
+        counted = max(counted, p.forwarded_counts[earlier_at])  # as ``widened`` counts it
+    made = env.counter.count_message(record.summary, p.model)
+    return max(0, made - counted)
 
 
 def pins_for(env: Env, p: Prepared, start: int, cut: int) -> pins.Pins:
@@ -99,7 +121,7 @@ def widened(
     for i in range(len(counts)):
         stays = i < p.head_len or (body <= i and i in found)
         kept[i + 1] = kept[i] + (counts[i] if stays else 0)
-    note = s.summary_budget_tokens + s.key_references_max_chars // 4 + 40
+    note = note_tokens(s)
     if earlier_at is not None:
         # The next summary carries the earlier one's references (their budget grows with
         # the span and never sheds what was carried): at least its size.
