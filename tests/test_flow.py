@@ -123,6 +123,15 @@ def finish_persist(step: Stepper, case: str) -> Any:
     return record
 
 
+def summarized(e: Env) -> tuple[Stepper, Prepared, Any]:
+    """A 14-turn conversation summarized inline: the prepare flow, its request, the record."""
+    step = start(e, conversation(14))
+    p, inner = compacting(e, step)
+    inner.send(Reply(NULL_DETECTION))
+    inner.send(Reply(GOOD_SUMMARY))
+    return step, p, finish_persist(inner, "summarize")
+
+
 # ---- none ------------------------------------------------------------------------------------
 
 
@@ -219,11 +228,7 @@ def test_a_summary_longer_than_counted_by_its_references_alone_is_not_refused() 
     # 4x). A summary over the no-treadmill target by no more than that was refused after its
     # two calls (three replayed runs on OpenAI's prices: calls paid for nothing, 1.01x).
     e = env(mode="inline")
-    step = start(e, conversation(14))
-    p, inner = compacting(e, step)
-    inner.send(Reply(NULL_DETECTION))
-    inner.send(Reply(GOOD_SUMMARY))
-    record = finish_persist(inner, "summarize")
+    _, p, record = summarized(e)
     target = planner.relaxed_target(e.settings, p.forwarded_tokens)
     refs = " ".join(f"src/pkg/module_{n}.py" for n in range(60))
     long_note = {
@@ -313,11 +318,7 @@ def test_a_refused_summary_is_a_soft_failure_with_nothing_forwarded(junk: str) -
 
 def test_a_record_stored_meanwhile_is_reused_without_llm_calls() -> None:
     e = env(mode="inline")
-    step = start(e, conversation(14))
-    _, inner = compacting(e, step)
-    inner.send(Reply(NULL_DETECTION))
-    inner.send(Reply(GOOD_SUMMARY))
-    record = finish_persist(inner, "summarize")
+    step, _, record = summarized(e)
     # A second request of the same history finds the record's checkpoint and reads it.
     again = Stepper(flow_compact.compact(e, step.command.prepared, inline=True))
     ck = {"k": record.k, "h": record.prefix_hash}
