@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import orjson
@@ -30,6 +31,7 @@ from tests.upstream import ScriptedUpstream
 
 CLAUDE = "claude-sonnet-4-5"
 GPT = "gpt-4o-mini"
+OPUS = "claude-opus-4-5-20251101"  # not deprecated
 TOKEN = "admin-econ"
 _counter = TokenCounter()
 
@@ -381,22 +383,52 @@ def _summary_of(request: dict) -> str:
 
 
 def _summary_in(body: bytes) -> str | None:
-    """The summary message a forwarded body carries (a summary or an emergency's note)."""
+    """The summary message a forwarded body carries (a summary or an emergency's note), in
+    either shape: a string content, or a text block of one."""
     for m in orjson.loads(body)["messages"]:
-        if isinstance(m.get("content"), str) and m["content"].startswith(SUMMARY_PREFIX):
-            return str(m["content"])
+        content = m.get("content")
+        parts = content if isinstance(content, list) else [{"text": content}]
+        for part in parts:
+            text = part.get("text")
+            if isinstance(text, str) and text.startswith(SUMMARY_PREFIX):
+                return text
     return None
 
 
-@pytest.mark.parametrize("summaries", ["ok", "error500"])
-@pytest.mark.parametrize("prune", [False, True])
+def _as_claude_code(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """``history`` (a chat tool loop) in the Messages API's shape, as Claude Code sends it:
+    the system prompt apart, tool calls as ``tool_use`` blocks, results as ``tool_result``
+    blocks of a user turn (its microcompact clears their content in place)."""
+    messages: list[dict[str, Any]] = []
+    for m in history[1:]:
+        if m["role"] == "assistant":
+            calls = [{"type": "tool_use", "id": f"toolu_{c['id']}", "name": c["function"]["name"],
+                      "input": orjson.loads(c["function"]["arguments"])}
+                     for c in m["tool_calls"]]  # fmt: skip
+            messages.append({"role": "assistant", "content": [
+                {"type": "text", "text": m["content"]}, *calls]})  # fmt: skip
+        elif m["role"] == "tool":
+            result = {"type": "tool_result", "tool_use_id": f"toolu_{m['tool_call_id']}",
+                      "content": m["content"]}  # fmt: skip
+            messages.append({"role": "user", "content": [result]})
+        else:
+            messages.append(m)
+    return {"system": history[0]["content"], "messages": messages}
+
+
+@pytest.mark.parametrize(
+    ("surface", "prune", "summaries"),
+    [("chat", False, "ok"), ("chat", True, "ok"), ("chat", False, "error500"),
+     ("chat", True, "error500"), ("messages", False, "ok"), ("messages", False, "error500")],
+)  # fmt: skip
 def test_a_clearing_client_through_the_proxy_compacts_once_per_trigger_of_growth(
-    tmp_path: Path, prune: bool, summaries: str
+    tmp_path: Path, surface: str, prune: bool, summaries: str
 ) -> None:
     # The clearing client of the test above, end to end: a real proxy process, the official
-    # client, and the strict upstream recording what the proxy sent it. No conversation id:
-    # Claude Code and OpenCode send none, so the proxy knows the conversation by its bytes,
-    # which the client keeps editing. Inline, so each compaction is in its request's answer.
+    # clients (OpenAI's, and Anthropic's in Claude Code's shape), and the strict upstream
+    # recording what the proxy sent it. No conversation id: Claude Code and OpenCode send
+    # none, so the proxy knows the conversation by its bytes, which the client keeps editing.
+    # Inline, so each compaction is in its request's answer.
     # With the summarizer failing, the emergency cut (no LLM) is what holds it under the
     # bound: before, it reached past where the client edits, the next request matched no
     # record and was cut anew, its cache lost, on every request (33 in a row here).
@@ -412,12 +444,18 @@ def test_a_clearing_client_through_the_proxy_compacts_once_per_trigger_of_growth
         ScriptedUpstream(summarizer=_summary_of, summarizer_mode=summaries) as up,
         ProxyProcess(tmp_path, up.base_url, compaction=low) as px,
     ):
-        client = openai.OpenAI(base_url=px.base_url, api_key="sk-econ", max_retries=0)
+        chat = openai.OpenAI(base_url=px.base_url, api_key="sk-econ", max_retries=0)
+        claude = anthropic.Anthropic(base_url=px.root, api_key="sk-ant-econ", max_retries=0)
         for i in range(rounds):
             sent = economics.cleared(msgs, keep)
-            client.chat.completions.create(model=GPT, messages=sent)  # type: ignore[arg-type]
+            if surface == "chat":
+                chat.chat.completions.create(model=GPT, messages=sent)  # type: ignore[arg-type]
+            else:
+                claude.messages.create(model=OPUS, max_tokens=64, **_as_claude_code(sent))
             msgs += _round(i, 30, 20)
-        forwarded = [_summary_in(r.body) for r in up.chat_requests(None)]
+        path = "/v1/chat/completions" if surface == "chat" else "/v1/messages"
+        bodies = [r.body for r in up.requests if r.path == path and r.purpose is None]
+        forwarded = [_summary_in(body) for body in bodies]
         calls = len(up.summarizer_calls())
     assert len(forwarded) == rounds  # one forwarded request per request, none refused
     added = _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
