@@ -31,7 +31,7 @@ from tests.upstream import ScriptedUpstream
 
 CLAUDE = "claude-sonnet-4-5"
 GPT = "gpt-4o-mini"
-OPUS = "claude-opus-4-5-20251101"  # not deprecated
+SONNET = "claude-sonnet-4-6"  # the SDK warns on the 4.5 models
 TOKEN = "admin-econ"
 _counter = TokenCounter()
 
@@ -451,7 +451,7 @@ def test_a_clearing_client_through_the_proxy_compacts_once_per_trigger_of_growth
             if surface == "chat":
                 chat.chat.completions.create(model=GPT, messages=sent)  # type: ignore[arg-type]
             else:
-                claude.messages.create(model=OPUS, max_tokens=64, **_as_claude_code(sent))
+                claude.messages.create(model=SONNET, max_tokens=64, **_as_claude_code(sent))
             msgs += _round(i, 30, 20)
         path = "/v1/chat/completions" if surface == "chat" else "/v1/messages"
         bodies = [r.body for r in up.requests if r.path == path and r.purpose is None]
