@@ -55,10 +55,13 @@ def verdict(env: Env, p: Prepared, outcome: Outcome, *, llm_next: bool = False) 
     return outcome
 
 
-def note_tokens(settings: CompactionSettings) -> int:
+def note_tokens(settings: CompactionSettings, counts: Sequence[int], earlier_at: int | None) -> int:
     """What ``widened`` counts for a summary before it is made: its budget, a ``Key
-    references:`` line at the base budget, its header."""
-    return settings.summary_budget_tokens + settings.key_references_max_chars // 4 + 40
+    references:`` line at the base budget, its header; and at least the earlier summary's
+    size (at ``earlier_at``), whose references the next one carries (their budget grows with
+    the span and never sheds what was carried)."""
+    note = settings.summary_budget_tokens + settings.key_references_max_chars // 4 + 40
+    return note if earlier_at is None else max(note, counts[earlier_at])
 
 
 def overrun(env: Env, p: Prepared, record: CompactionRecord) -> int:
@@ -68,10 +71,7 @@ def overrun(env: Env, p: Prepared, record: CompactionRecord) -> int:
     (1.01x forwarding unchanged on three replayed runs), and its cut still left the share."""
     if record.summary is None:
         return 0
-    counted = note_tokens(env.settings)
-    _, earlier_at = p.body_start()
-    if earlier_at is not None:
-        counted = max(counted, p.forwarded_counts[earlier_at])  # as ``widened`` counts it
+    counted = note_tokens(env.settings, p.forwarded_counts, p.body_start()[1])
     made = env.counter.count_message(record.summary, p.model)
     return max(0, made - counted)
 
@@ -121,11 +121,7 @@ def widened(
     for i in range(len(counts)):
         stays = i < p.head_len or (body <= i and i in found)
         kept[i + 1] = kept[i] + (counts[i] if stays else 0)
-    note = note_tokens(s)
-    if earlier_at is not None:
-        # The next summary carries the earlier one's references (their budget grows with
-        # the span and never sheds what was carried): at least its size.
-        note = max(note, counts[earlier_at])
+    note = note_tokens(s, counts, earlier_at)
     share = planner.target_tokens(s)
     widest = planner.widen(plan, counts, kept, note, share)
     relaxed = planner.relaxed_target(s, p.forwarded_tokens)
