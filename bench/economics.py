@@ -136,13 +136,14 @@ def recorded(path: Path) -> Session:
 CLEARED = "[Old tool result content cleared]"
 
 
-def cleared(history: list[Message], keep: int) -> list[Message]:
+def cleared(history: list[Message], keep: int, field: str = "content") -> list[Message]:
     """``history`` as a client that clears its own older tool results in place sends it: all
     but its last ``keep`` results replaced by a marker (Claude Code's microcompact, OpenCode's
-    prune, SWE-agent's ``last_n_observations``)."""
+    prune, SWE-agent's ``last_n_observations``). ``field``: where a result's text is (a
+    recorded run's turns keep it in ``output``)."""
     results = [i for i, m in enumerate(history) if m.get("role") == "tool"]
     old = set(results[: max(len(results) - keep, 0)])
-    return [{**m, "content": CLEARED} if i in old else m for i, m in enumerate(history)]
+    return [{**m, field: CLEARED} if i in old else m for i, m in enumerate(history)]
 
 
 def clearing(session: Session, keep: int) -> Session:

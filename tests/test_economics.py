@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import openai
 import orjson
@@ -27,11 +26,13 @@ from proxy.engine.compactor import Compactor
 from proxy.operators import ledger, phantom, queries
 from proxy.operators.figures import derive
 from tests.proxyproc import ProxyProcess, cli_path
+from tests.replay import shapes
+from tests.replay.shapes import Step
+from tests.test_replay_runs import send
 from tests.upstream import ScriptedUpstream
 
 CLAUDE = "claude-sonnet-4-5"
 GPT = "gpt-4o-mini"
-SONNET = "claude-sonnet-4-6"  # the SDK warns on the 4.5 models
 TOKEN = "admin-econ"
 _counter = TokenCounter()
 
@@ -238,18 +239,26 @@ async def test_treadmill_one_llm_compaction_per_trigger_of_growth_at_most(tmp_pa
     assert costly.summaries <= after.summaries
 
 
+AGENT = {"system": "You are a coding agent."}  # a run (``tests.replay.shapes`` renders it)
+OPENING = {"role": "user", "text": "Fix the failing test."}
+
+
 def _round(i: int, lines: int, thoughts: int) -> list[dict[str, Any]]:
-    """An agent's round ``i``: a read_file call with ``thoughts`` sentences of reasoning
-    (~9 tokens each), and its result of ``lines`` lines (~13 tokens each)."""
-    args = f'{{"path": "f{i}.py"}}'
-    call = {"id": f"c{i}", "type": "function",
-            "function": {"name": "read_file", "arguments": args}}  # fmt: skip
+    """An agent's round ``i`` as a recorded run's turns: a read_file call with ``thoughts``
+    sentences of reasoning (~9 tokens each), and its result of ``lines`` lines (~13 tokens
+    each)."""
     said = f"Reading f{i}.py." + " The value may come from this module." * thoughts
+    call = {"id": f"c{i}", "name": "read_file", "input": {"path": f"f{i}.py"}}
     body = "\n".join(f"{n:4d} value_{i}_{n} = compute({n})" for n in range(lines))
     return [
-        {"role": "assistant", "content": said, "tool_calls": [call]},
-        {"role": "tool", "tool_call_id": f"c{i}", "content": body},
+        {"role": "assistant", "text": said, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": f"c{i}", "name": "read_file", "output": body},
     ]
+
+
+def _as_chat(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``turns`` as chat messages, the agent's system prompt first."""
+    return list(shapes.chat_body(AGENT, turns, GPT)["messages"])
 
 
 async def _rounds(
@@ -269,16 +278,14 @@ async def _rounds(
     store = DiskStore(tmp)
     llm = ScriptedLLM()
     engine = Compactor(settings, store, llm, Prompts("d", "s"))
-    msgs: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Fix the failing test."},
-    ]
+    turns = [OPENING]
     made: list[tuple[int, int, bool]] = []
     under: list[bool] = []  # each request forwarded under a record
     first = last = 0
     for i in range(rounds):
         before = llm.summaries  # a forced compaction runs inline, in prepare
-        sent = list(msgs) if keep is None else economics.cleared(msgs, keep)
+        msgs = _as_chat(turns)
+        sent = msgs if keep is None else economics.cleared(msgs, keep)
         p = await engine.prepare(sent, model=GPT, tenant="t", now=20.0 * i)
         first, last = first or p.original_tokens, p.original_tokens
         under.append(p.record is not None)
@@ -287,9 +294,10 @@ async def _rounds(
         if llm.summaries > before:
             forced = p.decision.reason.startswith("over ") and "trigger" not in p.decision.reason
             made.append((i, p.original_tokens, forced))
-        msgs += _round(i, lines, thoughts)
+        turns += _round(i, lines, thoughts)
     store.close()
     # What the client added over the session (its results as they first arrived).
+    msgs = _as_chat(turns)
     added = _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
     return {
         "made": made, "growth": last - first, "added": added, "summaries": llm.summaries,
@@ -371,15 +379,20 @@ async def test_a_client_clearing_its_own_old_results_gets_no_treadmill(
     assert all(got["under"][i + 1] for i in seen), (made, got["under"])
 
 
-def _summary_of(request: dict) -> str:
-    """The scripted summarizer's reply, numbered, so a forwarded body names the compaction it
-    carries (the rest is from the span: a summary naming nothing in it is refused)."""
-    _summary_of.made += 1  # type: ignore[attr-defined]
-    files = sorted(set(re.findall(r"f\d+\.py", orjson.dumps(request).decode())))
-    return (
-        f"SUMMARY-{_summary_of.made}: the agent read {', '.join(files)} to fix the failing"  # type: ignore[attr-defined]
-        " test; the value may come from this module, where each value is computed."
-    )
+class NumberedSummaries:
+    """The scripted summarizer: each reply numbered, so a forwarded body names the compaction
+    it carries (the rest is from the span: a summary naming nothing in it is refused)."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def __call__(self, request: dict) -> str:
+        self.made += 1
+        files = sorted(set(re.findall(r"f\d+\.py", orjson.dumps(request).decode())))
+        return (
+            f"SUMMARY-{self.made}: the agent read {', '.join(files)} to fix the failing test;"
+            " the value may come from this module, where each value is computed."
+        )
 
 
 def _summary_in(body: bytes) -> str | None:
@@ -395,25 +408,12 @@ def _summary_in(body: bytes) -> str | None:
     return None
 
 
-def _as_claude_code(history: list[dict[str, Any]]) -> dict[str, Any]:
-    """``history`` (a chat tool loop) in the Messages API's shape, as Claude Code sends it:
-    the system prompt apart, tool calls as ``tool_use`` blocks, results as ``tool_result``
-    blocks of a user turn (its microcompact clears their content in place)."""
-    messages: list[dict[str, Any]] = []
-    for m in history[1:]:
-        if m["role"] == "assistant":
-            calls = [{"type": "tool_use", "id": f"toolu_{c['id']}", "name": c["function"]["name"],
-                      "input": orjson.loads(c["function"]["arguments"])}
-                     for c in m["tool_calls"]]  # fmt: skip
-            messages.append({"role": "assistant", "content": [
-                {"type": "text", "text": m["content"]}, *calls]})  # fmt: skip
-        elif m["role"] == "tool":
-            result = {"type": "tool_result", "tool_use_id": f"toolu_{m['tool_call_id']}",
-                      "content": m["content"]}  # fmt: skip
-            messages.append({"role": "user", "content": [result]})
-        else:
-            messages.append(m)
-    return {"system": history[0]["content"], "messages": messages}
+# Each surface as its client sends it (``tests.replay.shapes``): the path, the renderer, the
+# model (one the official SDK does not warn about).
+SURFACES = {
+    "chat": ("/v1/chat/completions", shapes.chat_body, GPT),
+    "messages": ("/v1/messages", shapes.messages_body, "claude-sonnet-4-6"),
+}
 
 
 @pytest.mark.parametrize(
@@ -425,39 +425,32 @@ def test_a_clearing_client_through_the_proxy_compacts_once_per_trigger_of_growth
     tmp_path: Path, surface: str, prune: bool, summaries: str
 ) -> None:
     # The clearing client of the test above, end to end: a real proxy process, the official
-    # clients (OpenAI's, and Anthropic's in Claude Code's shape), and the strict upstream
+    # clients (OpenAI's, and Anthropic's in Claude Code's shape: its system blocks and
+    # mid-conversation system message, thinking, streaming), and the strict upstream
     # recording what the proxy sent it. No conversation id: Claude Code and OpenCode send
     # none, so the proxy knows the conversation by its bytes, which the client keeps editing.
     # Inline, so each compaction is in its request's answer.
     # With the summarizer failing, the emergency cut (no LLM) is what holds it under the
     # bound: before, it reached past where the client edits, the next request matched no
     # record and was cut anew, its cache lost, on every request (33 in a row here).
-    _summary_of.made = 0  # type: ignore[attr-defined]
     low = dict(trigger_tokens=3000, verbatim_window_tokens=900, summary_budget_tokens=200,
                prune=prune, emergency_factor=2.0, mode="inline", policy="tokens")  # fmt: skip
     keep, rounds = 8, 48
-    msgs: list[dict[str, Any]] = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Fix the failing test."},
-    ]
+    path, render, model = SURFACES[surface]
+    turns = [OPENING]
     with (
-        ScriptedUpstream(summarizer=_summary_of, summarizer_mode=summaries) as up,
+        ScriptedUpstream(summarizer=NumberedSummaries(), summarizer_mode=summaries) as up,
         ProxyProcess(tmp_path, up.base_url, compaction=low) as px,
     ):
-        chat = openai.OpenAI(base_url=px.base_url, api_key="sk-econ", max_retries=0)
-        claude = anthropic.Anthropic(base_url=px.root, api_key="sk-ant-econ", max_retries=0)
         for i in range(rounds):
-            sent = economics.cleared(msgs, keep)
-            if surface == "chat":
-                chat.chat.completions.create(model=GPT, messages=sent)  # type: ignore[arg-type]
-            else:
-                claude.messages.create(model=SONNET, max_tokens=64, **_as_claude_code(sent))
-            msgs += _round(i, 30, 20)
-        path = "/v1/chat/completions" if surface == "chat" else "/v1/messages"
+            sent = economics.cleared(turns, keep, field="output")
+            send(px, Step(path, render(AGENT, sent, model), len(sent)), "sk-econ")
+            turns += _round(i, 30, 20)
         bodies = [r.body for r in up.requests if r.path == path and r.purpose is None]
         forwarded = [_summary_in(body) for body in bodies]
         calls = len(up.summarizer_calls())
     assert len(forwarded) == rounds  # one forwarded request per request, none refused
+    msgs = _as_chat(turns)
     added = _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
     trigger = low["trigger_tokens"]
     assert added > 6 * trigger
