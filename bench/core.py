@@ -8,7 +8,7 @@ that conversation (as the engine's ``Persist`` command writes it), and times wha
 before any decision:
 
 - ``fingerprints``: ``proxy.fingerprint.fingerprints`` over all messages;
-- ``chain``: ``prefix_chain`` over those fingerprints, plus the conversation id;
+- ``chain``: ``chain_of`` over those fingerprints, plus the conversation id;
 - ``lookup``: the core's lookup flow (``proxy.core.lookup``: checkpoints, record) read from
   the store by ``run_reads``;
 - ``count``: ``TokenCounter.count_messages`` with the fingerprints, cold (a fresh counter,
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from proxy.adapters.store import DiskStore
-from proxy.core.fingerprint import conversation_id, fingerprints, prefix_chain, tenant_id
+from proxy.core.fingerprint import chain_of, conversation_id, fingerprints, tenant_id
 from proxy.core.lookup import lookup
 from proxy.core.records import MAX_CHECKPOINTS, CompactionRecord, conv_key
 from proxy.core.tokens import TokenCounter
@@ -93,7 +93,7 @@ def conversation(n_messages: int, seed: int = 0, words: int = 150) -> list[Messa
 
 def _store_record(store: DiskStore, tenant: str, messages: list[Message]) -> str:
     """Write one compaction record for the first half of ``messages``; return the conv id."""
-    chain = prefix_chain(tenant, fingerprints(messages))
+    chain = chain_of(tenant, messages)
     conversation = conversation_id(chain, messages)
     k = next(
         (i for i in range(len(messages) // 2, len(messages)) if messages[i]["role"] == "user"),
@@ -133,7 +133,7 @@ def measure(n_messages: int, reps: int, store_dir: Path) -> dict[str, Any]:
     try:
         conversation_key = _store_record(store, tenant, messages)
         # Sanity: the lookup really finds the record (otherwise the figure is meaningless).
-        chain = prefix_chain(tenant, fingerprints(messages))
+        chain = chain_of(tenant, messages)
         found = run_reads(lookup(tenant, conversation_key, None, chain), store)
         if found is None:
             raise RuntimeError("benchmark setup error: the stored record is not found")
@@ -155,7 +155,7 @@ def measure(n_messages: int, reps: int, store_dir: Path) -> dict[str, Any]:
             t0 = clock()
             fps = fingerprints(messages)
             t1 = clock()
-            chain = prefix_chain(tenant, fps)
+            chain = chain_of(tenant, messages, fps)
             conv = conversation_id(chain, messages)
             t3 = clock()
             run_reads(lookup(tenant, conv, None, chain), store)

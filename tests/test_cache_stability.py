@@ -65,6 +65,13 @@ def test_an_edit_in_place_is_found_and_remembered_a_few_requests() -> None:
     assert (changed.edit_at, changed.edit_age) == (1, 0)
     assert stability.observe(first, [a, "history:x", c], None, [0, 9, 10]).edit_at == 9
     assert stability.observe(first, [a, "history:x", c], None, [0, None, 10]).edit_at == -1
+    # A head that changed (a clock in the system prompt) is no edit of the history: it is
+    # forwarded as sent, never compacted. Its cache is lost all the same (counts restart).
+    clocked = stability.observe(first, ["system:a2", b, c, d], None)
+    assert clocked.edit_at == -1 and [n for _, n in clocked.items] == [0, 0, 0, 0]
+    assert stability.observe(first, ["system:a2", "history:x", c], None).edit_at == 1
+    assert stability.observe(first, ["system:a2", "system:z", "history:x", c], None).edit_at == 2
+    assert stability.observe(first, [a, "system:z", b, c], None).edit_at == -1
     # Remembered, a request older each time, until another edit.
     later = stability.observe(changed, [a, "history:x", c, d, "history:e"], None)
     assert (later.edit_at, later.edit_age) == (1, 1)

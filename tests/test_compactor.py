@@ -21,7 +21,7 @@ from proxy.adapters.store import DiskStore
 from proxy.core.candidates import EMERGENCY_NOTE
 from proxy.core.commands import Read
 from proxy.core.errors import CompactionFailed
-from proxy.core.fingerprint import fingerprints, prefix_chain
+from proxy.core.fingerprint import chain_of
 from proxy.core.lookup import lookup
 from proxy.core.messages import SUMMARY_PREFIX
 from proxy.core.prepared import Prepared, Prompts
@@ -735,7 +735,7 @@ async def test_a_second_tenant_never_gets_the_first_tenants_record(make: MakeCom
         b = await prepare(background, msgs, tenant="tenant-b", conversation_header=header)
         assert b.record is None and dumps(b.forwarded) == dumps(msgs)
         # Even looking under tenant B's keys with tenant A's conversation finds nothing.
-        chain_b = prefix_chain("tenant-b", fingerprints(msgs))
+        chain_b = chain_of("tenant-b", msgs)
         found = await background.run(lookup("tenant-b", a.conversation, None, chain_b))
         assert found is None
     again = await prepare(background, msgs, tenant="tenant-a", conversation_header="shared-id")
@@ -751,12 +751,19 @@ async def test_an_edited_early_message_gets_no_stale_summary(
     a = await prepare(make(llm, mode="inline"), msgs, conversation_header=header)
     assert a.record is not None
     background = make(llm, mode="background")
-    for index in (0, 1, 2, a.record.k - 1):
+    for index in (1, 2, a.record.k - 1):
         edited = copy.deepcopy(msgs)
         edited[index]["content"] = str(edited[index].get("content")) + " (edited)"
         p = await prepare(background, edited, conversation_header=header)
         assert p.record is None, index
         assert dumps(p.forwarded) == dumps(edited)
+    # The head (the system prompt: a clock in it) is never compacted: the summary stays, and
+    # the head forwarded is the one sent now.
+    edited = copy.deepcopy(msgs)
+    edited[0]["content"] = "You are terse. It is now 10:41:07."
+    p = await prepare(background, edited, conversation_header=header)
+    assert p.record == a.record
+    assert p.forwarded[0] == edited[0] and dumps(p.forwarded[1:]) == dumps(a.forwarded[1:])
     # An edit after k keeps the summary (the prefix it names is unchanged).
     edited = copy.deepcopy(msgs)
     edited[-1]["content"] = "changed answer"

@@ -470,6 +470,48 @@ def test_a_clearing_client_through_the_proxy_compacts_once_per_trigger_of_growth
     assert all(forwarded[i + 1] == forwarded[i] for i in seen), made
 
 
+@pytest.mark.parametrize("surface", ["chat", "messages"])
+def test_a_clock_in_the_system_prompt_keeps_the_conversation_and_its_summary(
+    tmp_path: Path, surface: str
+) -> None:
+    # A client whose system prompt changes on every request (the time in it, as chat UIs'
+    # prompt variables and some agents put it), with no conversation id. The head is never
+    # compacted and is forwarded as sent, so the proxy knows the conversation by the rest:
+    # before, each request was a new conversation (the chain hashed the system prompt), and
+    # past the trigger each was summarized anew: one LLM compaction on every request.
+    low = dict(trigger_tokens=3000, verbatim_window_tokens=900, summary_budget_tokens=200,
+               prune=False, emergency_factor=2.0, mode="inline", policy="tokens")  # fmt: skip
+    rounds = 40
+    path, render, model = SURFACES[surface]
+    turns = [OPENING]
+    with (
+        ScriptedUpstream(summarizer=NumberedSummaries()) as up,
+        ProxyProcess(tmp_path, up.base_url, compaction=low) as px,
+    ):
+        for i in range(rounds):
+            agent = {"system": f"You are a coding agent. The time is 10:{i:02d}:07."}
+            send(px, Step(path, render(agent, list(turns), model), len(turns)), "sk-clock")
+            turns += _round(i, 30, 20)
+        bodies = [r.body for r in up.requests if r.path == path and r.purpose is None]
+        calls = len(up.summarizer_calls())
+    assert len(bodies) == rounds
+    # Each request's own system prompt went on, and no other.
+    for i, body in enumerate(bodies):
+        assert f"The time is 10:{i:02d}:07.".encode() in body, i
+        assert body.count(b"The time is 10:") == 1, i
+    forwarded = [_summary_in(body) for body in bodies]
+    made = [i for i, m in enumerate(forwarded) if m and (i == 0 or forwarded[i - 1] != m)]
+    assert made, "nothing was compacted: the rule was not exercised"
+    msgs = _as_chat(turns)
+    added = _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
+    trigger = low["trigger_tokens"]
+    assert added > 6 * trigger
+    assert len(made) <= 1 + added / trigger, made
+    assert calls <= 1 + added / trigger
+    # Each summary is forwarded again on the next requests, the clock notwithstanding.
+    assert all(forwarded[i + 1] == forwarded[i] for i in made if i + 1 < rounds), made
+
+
 async def test_pins_above_the_share_do_not_hold_every_compaction_to_the_bound(
     tmp_path: Path,
 ) -> None:

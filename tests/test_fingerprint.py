@@ -9,6 +9,8 @@ import pytest
 
 from proxy.core.fingerprint import (
     canonical_form,
+    chain_of,
+    chain_prints,
     chain_root,
     conversation_id,
     earlier_conversation_id,
@@ -271,6 +273,34 @@ def test_benign_variation_gives_the_same_chain() -> None:
     variant[2]["content"] = ""
     variant[4] = {"content": msgs[4]["content"], "role": "assistant", "name": None}
     assert prefix_chain("t", fingerprints(msgs)) == prefix_chain("t", fingerprints(variant))
+
+
+def test_the_chain_takes_the_head_by_role_alone() -> None:
+    """A client whose system prompt changes on every request (a clock in it) keeps its chain
+    and conversation id; everything after the head still counts word for word."""
+    msgs = conversation()
+    base = chain_of("t", msgs)
+    assert base == chain_of("t", msgs, fingerprints(msgs))
+    clocked = copy.deepcopy(msgs)
+    clocked[0]["content"] = "You are a helpful assistant. It is 12:03:55."
+    assert chain_of("t", clocked) == base
+    assert conversation_id(chain_of("t", clocked), clocked) == conversation_id(base, msgs)
+    # The head's roles and length count, and so does every message after it.
+    developer = [{"role": "developer", "content": msgs[0]["content"]}, *msgs[1:]]
+    assert chain_of("t", developer)[1] != base[1]
+    two = [msgs[0], {"role": "system", "content": "Also: be brief."}, *msgs[1:]]
+    assert chain_of("t", two)[2:] != base[1:]
+    edited = copy.deepcopy(msgs)
+    edited[1]["content"] = "Read src/other.py please."
+    assert chain_of("t", edited)[2] != base[2]
+    # A system message inside the conversation (Claude Code's reminders) is no head.
+    inside = [*msgs[:2], {"role": "system", "content": "Reminder A."}, *msgs[2:]]
+    other = [*msgs[:2], {"role": "system", "content": "Reminder B."}, *msgs[2:]]
+    assert chain_of("t", inside)[3] != chain_of("t", other)[3]
+    # The plain chain of fingerprints is still the exact one (what ``chain_of`` hashes is
+    # the fingerprints with the head's replaced).
+    assert prefix_chain("t", fingerprints(clocked))[1] != prefix_chain("t", fingerprints(msgs))[1]
+    assert chain_prints(msgs, fingerprints(msgs))[1:] == fingerprints(msgs)[1:]
 
 
 # ---- tenants ---------------------------------------------------------------------------------

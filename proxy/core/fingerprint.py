@@ -4,7 +4,8 @@ A fingerprint names the *meaning* of one message: role, content, name, tool call
 tool-call id. Benign client variations (a string vs a list of one text part, absent vs null
 fields, key order, prompt-cache marks) hash the same; anything else hashes differently.
 The chain ``h[0] = H(tenant)``, ``h[k] = H(h[k-1] || fp(m[k-1]))`` names the exact first k
-messages of a tenant, so a stored compaction can only ever match the history it was made for.
+messages of a tenant, so a stored compaction can only ever match the history it was made for;
+the head (the leading system/developer messages) enters it by role alone (``chain_of``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from typing import Any
 
 import orjson
 import xxhash
+
+from proxy.core.messages import HEAD_ROLES
 
 Message = dict[str, Any]
 
@@ -171,8 +174,43 @@ def chain_root(tenant: str) -> bytes:
     return xxhash.xxh3_128_digest(b"tenant\x00" + tenant.encode())
 
 
+def _head_print(role: str) -> bytes:
+    return xxhash.xxh3_128_digest(b"head\x00" + role.encode())
+
+
+_HEAD_PRINTS = {role: _head_print(role) for role in HEAD_ROLES}
+
+
+def chain_prints(messages: Sequence[Message], fps: Sequence[bytes]) -> list[bytes]:
+    """What the prefix chain hashes: each message's fingerprint, but the head's (the leading
+    system/developer messages) by role alone.
+
+    The head is never compacted: every request forwards the client's own head, whatever a
+    record stored. So a client whose system prompt changes from request to request (a clock
+    in it, the date, a rotating tool list) still matches its records and keeps its
+    conversation id, instead of starting a new conversation on each request (and, over the
+    trigger, compacting anew on each). What the head says still counts everywhere else (its
+    token count, the cache stability items, what is forwarded)."""
+    out = list(fps)
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role not in HEAD_ROLES or i >= len(out):
+            break
+        out[i] = _HEAD_PRINTS[role]  # type: ignore[index]
+    return out
+
+
+def chain_of(
+    tenant: str, messages: Sequence[Message], fps: Sequence[bytes] | None = None
+) -> list[bytes]:
+    """The prefix chain of ``messages`` (their ``fps`` when already computed)."""
+    fps = fingerprints(messages) if fps is None else fps
+    return prefix_chain(tenant, chain_prints(messages, fps))
+
+
 def prefix_chain(tenant: str, fps: Sequence[bytes]) -> list[bytes]:
-    """All prefix hashes ``h[0..n]`` in one pass; ``h[k]`` names the first k messages."""
+    """All prefix hashes ``h[0..n]`` in one pass over what they hash (``chain_prints``);
+    ``h[k]`` names the first k messages."""
     return extend_chain([chain_root(tenant)], fps)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from proxy.core.fingerprint import extend_chain, fingerprints, prefix_chain
+from proxy.core.fingerprint import chain_of, chain_prints, extend_chain, fingerprints
 from proxy.core.messages import Message
 from proxy.core.tokens import TokenCounter
 
@@ -83,10 +83,12 @@ def fingerprinted(
     offset = len(messages) - reuse.elements if reuse is not None else -1
     if reuse is None or offset < 0:
         fps = fingerprints(messages)
-        return fps, prefix_chain(tenant, fps)
+        return fps, chain_of(tenant, messages, fps)
     earlier, shared = reuse.earlier, reuse.shared
     fps = fingerprints(messages[:offset])
-    same_head = earlier.offset == offset and earlier.fps[:offset] == fps
+    # (The chain hashes the messages before the history by role alone: ``chain_of``.)
+    before = chain_of(tenant, messages[:offset], fps)
+    same_before = earlier.offset == offset and earlier.chain[: offset + 1] == before
     taken = _taken(earlier.fps, earlier, shared)
     if taken is not None:
         fps += taken
@@ -94,10 +96,12 @@ def fingerprinted(
     else:
         fps += fingerprints(messages[offset:])
         shared = 0
-    if same_head and earlier.tenant == tenant and len(earlier.chain) > offset + shared:
-        chain = extend_chain(earlier.chain[: offset + shared + 1], fps[offset + shared :])
+    if same_before and len(earlier.chain) > offset + shared:
+        # The history's first elements are the earlier body's, and so is the chain through them.
+        start = offset + shared
+        chain = extend_chain(earlier.chain[: start + 1], chain_prints(messages, fps)[start:])
     else:
-        chain = prefix_chain(tenant, fps)
+        chain = chain_of(tenant, messages, fps)
     mine = reuse.mine
     mine.tenant, mine.offset, mine.fps, mine.chain = tenant, offset, list(fps), list(chain)
     return fps, chain

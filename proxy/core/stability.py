@@ -123,11 +123,29 @@ def observe(
     edit_at, edit_age = -1, 0
     if previous is not None and previous.edit_at >= 0:
         edit_at, edit_age = previous.edit_at, previous.edit_age + 1
-    if previous is not None and previous.record == record and same < min(len(old), len(items)):
-        at = origins[same] if origins is not None else same
+    if previous is not None and previous.record == record:
+        changed = _changed(old, items)
+        at = origins[changed] if origins is not None and changed is not None else changed
         if at is not None:  # (a stored message never changes: the client's own did)
             edit_at, edit_age = at, 0
     return StabilityState(record, tuple(counted), edit_at, edit_age)
+
+
+def _changed(old: Sequence[tuple[str, int]], items: Sequence[str]) -> int | None:
+    """The index in ``items`` of the first message after the head that differs from the
+    one in its place before the previous prompt's end: an edit of the client's history.
+    A head that changed (a clock in the system prompt) is not one: it is forwarded as sent
+    and never compacted, so it constrains no cut."""
+    was_head = 0
+    while was_head < len(old) and old[was_head][0].startswith("system:"):
+        was_head += 1
+    head = 0
+    while head < len(items) and items[head].startswith("system:"):
+        head += 1
+    for i in range(min(len(old) - was_head, len(items) - head)):
+        if old[was_head + i][0] != items[head + i]:
+            return head + i
+    return None
 
 
 def tiers(state: StabilityState, thresholds: TierThresholds) -> list[int]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from proxy.adapters.store import Store, get_list
 from proxy.core.errors import NotFound
-from proxy.core.fingerprint import fingerprints, prefix_chain
+from proxy.core.fingerprint import chain_of, fingerprints
 from proxy.core.records import (
     CompactionRecord,
     body_start,
@@ -30,7 +30,7 @@ def _current_record(
     store: Store, tenant: str, conv: str, original: list[dict[str, Any]]
 ) -> CompactionRecord | None:
     """The record the proxy would apply to ``original`` now (the same lookup as the core)."""
-    chain = prefix_chain(tenant, fingerprints(original))
+    chain = chain_of(tenant, original)
     checkpoint = find_checkpoint(
         parse_checkpoints(get_list(store, conv_key("ck", tenant, conv))), chain
     )
