@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from proxy.core.fingerprint import chain_of, chain_prints, extend_chain, fingerprints
-from proxy.core.messages import Message
+from proxy.core.messages import Message, head_length
 from proxy.core.tokens import TokenCounter
 
 T = TypeVar("T")
@@ -99,7 +99,8 @@ def fingerprinted(
     if same_before and len(earlier.chain) > offset + shared:
         # The history's first elements are the earlier body's, and so is the chain through them.
         start = offset + shared
-        chain = extend_chain(earlier.chain[: start + 1], chain_prints(messages, fps)[start:])
+        rest = chain_prints(messages, fps)[start:] if start < head_length(messages) else fps[start:]
+        chain = extend_chain(earlier.chain[: start + 1], rest)
     else:
         chain = chain_of(tenant, messages, fps)
     mine = reuse.mine
