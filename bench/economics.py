@@ -3,9 +3,11 @@
     python -m bench.economics [--smoke] [--runs DIR ...] [--json PATH] [--jobs N]
                               [--llm-model PROVIDER=MODEL ...]
                               [--summary-reads-cache auto|on|off] [--client-clears N]
+                              [--client-clock]
 
 ``--client-clears N`` replays every session as a client that clears all but its last N tool
-results in place on each request (``clearing``).
+results in place on each request (``clearing``); ``--client-clock`` as a client that writes
+the time into its system prompt on each request (``clocked``).
 
 Sessions: the synthetic 300-request agent session (``bench.agent_session``) and every recorded
 real agent run in ``tests/replay/runs/*.json`` and ``tests/replay/more/*.json`` (further real
@@ -153,6 +155,24 @@ def clearing(session: Session, keep: int) -> Session:
     return dataclasses.replace(
         session, name=name, requests=[cleared(h, keep) for h in session.requests]
     )
+
+
+def clocked(session: Session) -> Session:
+    """``session`` as a client that writes the time into its system prompt on every request
+    (a chat UI's prompt variable, an agent printing the date and time): each request's head
+    differs from the previous one's, so nothing of it is ever cached (#25, eighteenth stop).
+    The time is the simulated clock's (``STEP_S`` apart)."""
+    requests = []
+    for i, history in enumerate(session.requests):
+        hours, rest = divmod(36_000 + int(i * STEP_S), 3600)
+        stamp = f"Current time: {hours:02d}:{rest // 60:02d}:{rest % 60:02d}."
+        if history and history[0].get("role") == "system":
+            head = {**history[0], "content": f"{history[0].get('content')}\n{stamp}"}
+            requests.append([head, *history[1:]])
+        else:
+            requests.append([{"role": "system", "content": stamp}, *history])
+    name = f"{session.name}, a clock in its system prompt"
+    return dataclasses.replace(session, name=name, requests=requests)
 
 
 def _plain(m: Message) -> bytes:
@@ -419,16 +439,20 @@ def _cell(
 def run(smoke: bool = False, runs: Sequence[Path] = FOLDERS,
         policies: tuple[str, ...] = ("cost", "tokens"), log: Any = sys.stderr, jobs: int = 1,
         llm_models: dict[str, str] | None = None,
-        reads_cache: str = "auto", clears: int | None = None) -> list[dict[str, Any]]:  # fmt: skip
+        reads_cache: str = "auto", clears: int | None = None,
+        clock: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     """Every cell (session, trigger, provider, policy), in ``jobs`` processes (each cell is
     independent and deterministic: the order of the rows does not depend on ``jobs``).
     ``llm_models``: the detector's and summarizer's model per provider (default: the
     request's); ``reads_cache``: ``summary_reads_cache`` (auto, the default, on or off);
     ``clears``: each session as a client clearing all but this many of its last tool
-    results sends it (``clearing``)."""
+    results sends it (``clearing``); ``clock``: as a client writing the time into its system
+    prompt sends it (``clocked``)."""
     found = sessions(smoke, runs)
     if clears is not None:
         found = [(clearing(session, clears), triggers) for session, triggers in found]
+    if clock:
+        found = [(clocked(session), triggers) for session, triggers in found]
     cells = [(session, trigger, provider, policy, (llm_models or {}).get(provider), reads_cache)
              for session, triggers in found for trigger in triggers
              for provider in PROVIDERS for policy in policies]  # fmt: skip
@@ -538,6 +562,11 @@ def main(argv: list[str] | None = None) -> int:
         help="replay each session as a client that clears all but its last N tool results in "
         "place on every request (as Claude Code's microcompact or SWE-agent do)",
     )  # fmt: skip
+    parser.add_argument(
+        "--client-clock", action="store_true",
+        help="replay each session as a client that writes the time into its system prompt on "
+        "every request (a prompt variable)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.client_clears is not None and args.client_clears < 0:
         parser.error("--client-clears: N is 0 or more")
@@ -550,7 +579,7 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args.smoke, args.runs or FOLDERS, tuple(args.policy or ("cost", "tokens")),
                   jobs=args.jobs, llm_models=llm_models,
                   reads_cache=args.summary_reads_cache,
-                  clears=args.client_clears)  # fmt: skip
+                  clears=args.client_clears, clock=args.client_clock)  # fmt: skip
     print(markdown(results) + "\n\n" + aims_markdown(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")

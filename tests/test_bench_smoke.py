@@ -338,6 +338,33 @@ def test_economics_replays_a_client_that_clears_its_own_old_results() -> None:
     assert refused.value.code == 2
 
 
+def test_economics_replays_a_client_with_a_clock_in_its_system_prompt() -> None:
+    """``--client-clock``: every request's system prompt says the time, the rest is the
+    session's; replayed, it is compacted as the session is (before the chain took the head
+    by role alone, each request was a new conversation: 5 LLM compactions here, not 1)."""
+    import asyncio
+
+    from bench import economics
+    from proxy.core.tokens import TokenCounter
+
+    session = next(
+        s for s, _ in economics.sessions(True, economics.FOLDERS) if "openhands" in s.name
+    )
+    clocked = economics.clocked(session)
+    assert "a clock in its system prompt" in clocked.name and clocked.replies == session.replies
+    heads = [r[0]["content"] for r in clocked.requests]
+    assert len(set(heads)) == len(heads)  # a new time on every request
+    for before, after in zip(session.requests, clocked.requests, strict=True):
+        assert after[0]["content"].startswith(before[0]["content"]) and after[1:] == before[1:]
+    settings = economics.settings_for(8000, "tokens", "anthropic")
+    made = [
+        economics.summary(asyncio.run(economics.replay(s, "anthropic", settings, TokenCounter())))
+        for s in (session, clocked)
+    ]
+    assert made[0]["llm_compactions"] == made[1]["llm_compactions"] == 1
+    assert made[1]["prefix_breaks"] >= len(clocked.requests) - 1  # (the client's own)
+
+
 def test_economics_refuses_an_unknown_llm_model() -> None:
     from bench import economics
 
