@@ -124,18 +124,23 @@ def observe(
     if previous is not None and previous.edit_at >= 0:
         edit_at, edit_age = previous.edit_at, previous.edit_age + 1
     if previous is not None and previous.record == record:
-        changed = _changed(old, items)
+        changed = _changed(old, items, same)
         at = origins[changed] if origins is not None and changed is not None else changed
         if at is not None:  # (a stored message never changes: the client's own did)
             edit_at, edit_age = at, 0
     return StabilityState(record, tuple(counted), edit_at, edit_age)
 
 
-def _changed(old: Sequence[tuple[str, int]], items: Sequence[str]) -> int | None:
+def _changed(old: Sequence[tuple[str, int]], items: Sequence[str], same: int) -> int | None:
     """The index in ``items`` of the first message after the head that differs from the
-    one in its place before the previous prompt's end: an edit of the client's history.
-    A head that changed (a clock in the system prompt) is not one: it is forwarded as sent
-    and never compacted, so it constrains no cut."""
+    one in its place before the previous prompt's end (``same``: the items the two share
+    from the start): an edit of the client's history. A head that changed (a clock in the
+    system prompt) is not one: it is forwarded as sent and never compacted, so it constrains
+    no cut."""
+    if same >= min(len(old), len(items)):
+        return None
+    if not items[same].startswith("system:") and not old[same][0].startswith("system:"):
+        return same  # (the head, if any, unchanged: the common case, no second walk)
     was_head = 0
     while was_head < len(old) and old[was_head][0].startswith("system:"):
         was_head += 1
