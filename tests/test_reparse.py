@@ -127,7 +127,7 @@ def test_prints_not_yet_left_or_another_head_are_computed_afresh() -> None:
     assert fps == fingerprints(view) and chain == chain_of("t", view, fps)
     assert found.reuse.mine.fps == fps and found.reuse.mine.chain == chain
     # The earlier view had a message before the history (a system prompt) this one has not.
-    earlier = Prints("t", 1, [b"s" * 16, *fps], prefix_chain("t", [b"s" * 16, *fps]))
+    earlier = Prints(1, [b"s" * 16, *fps], prefix_chain("t", [b"s" * 16, *fps]))
     reuse = Reuse(earlier, len(view) - 1, len(view), Prints(), 100)
     fps2, chain2 = fingerprinted("t", view, reuse)
     assert fps2 == fingerprints(view) and chain2 == chain_of("t", view, fps2)
@@ -353,7 +353,7 @@ def test_a_new_part_over_max_fresh_is_left_to_the_caller_and_is_no_miss() -> Non
 
 
 def test_identifying_on_the_loop_takes_a_small_new_part_and_the_earlier_prints() -> None:
-    filled = Prints("t", 1, [b"x"] * 3, [b"c"] * 4)
+    filled = Prints(1, [b"x"] * 3, [b"c"] * 4)
     assert Reuse(filled, 2, 3, Prints(), 1000).light
     assert not Reuse(filled, 2, 3, Prints(), FRESH_ON_LOOP_BYTES).light  # a big new part
     assert not Reuse(Prints(), 2, 3, Prints(), 1000).light  # the earlier prints not made

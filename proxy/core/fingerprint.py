@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import xxhash
 
-from proxy.core.messages import HEAD_ROLES
+from proxy.core.messages import HEAD_ROLES, head_length
 
 Message = dict[str, Any]
 
@@ -192,11 +192,8 @@ def chain_prints(messages: Sequence[Message], fps: Sequence[bytes]) -> list[byte
     trigger, compacting anew on each). What the head says still counts everywhere else (its
     token count, the cache stability items, what is forwarded)."""
     out = list(fps)
-    for i, m in enumerate(messages):
-        role = m.get("role")
-        if role not in HEAD_ROLES or i >= len(out):
-            break
-        out[i] = _HEAD_PRINTS[role]  # type: ignore[index]
+    for i in range(min(head_length(messages), len(out))):
+        out[i] = _HEAD_PRINTS[messages[i]["role"]]
     return out
 
 

@@ -24,11 +24,10 @@ T = TypeVar("T")
 @dataclass
 class Prints:
     """What the engine computed from a remembered body's view, for the next body to take
-    (filled once, by ``fingerprinted``): the tenant, how many view messages come before the
-    history's first element (a system prompt, instructions), each view message's
-    fingerprint and the prefix chain. Empty (``offset`` -1) until then."""
+    (filled once, by ``fingerprinted``): how many view messages come before the history's
+    first element (a system prompt, instructions), each view message's fingerprint and the
+    prefix chain (which starts with the tenant's root). Empty (``offset`` -1) until then."""
 
-    tenant: str = ""
     offset: int = -1
     fps: list[bytes] = field(default_factory=list)
     chain: list[bytes] = field(default_factory=list)
@@ -86,7 +85,8 @@ def fingerprinted(
         return fps, chain_of(tenant, messages, fps)
     earlier, shared = reuse.earlier, reuse.shared
     fps = fingerprints(messages[:offset])
-    # (The chain hashes the messages before the history by role alone: ``chain_of``.)
+    # (The chain hashes the messages before the history by role alone, after the tenant's
+    # root: equal chains up to the history mean the same tenant and the same roles before.)
     before = chain_of(tenant, messages[:offset], fps)
     same_before = earlier.offset == offset and earlier.chain[: offset + 1] == before
     taken = _taken(earlier.fps, earlier, shared)
@@ -104,7 +104,7 @@ def fingerprinted(
     else:
         chain = chain_of(tenant, messages, fps)
     mine = reuse.mine
-    mine.tenant, mine.offset, mine.fps, mine.chain = tenant, offset, list(fps), list(chain)
+    mine.offset, mine.fps, mine.chain = offset, list(fps), list(chain)
     return fps, chain
 
 
