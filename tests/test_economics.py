@@ -261,6 +261,13 @@ def _as_chat(turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(shapes.chat_body(AGENT, turns, GPT)["messages"])
 
 
+def _added(turns: list[dict[str, Any]]) -> int:
+    """The tokens the client added over a session (its results as they first arrived):
+    everything after the system prompt and the opening."""
+    msgs = _as_chat(turns)
+    return _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
+
+
 async def _rounds(
     settings: CompactionSettings,
     tmp: Path,
@@ -296,11 +303,8 @@ async def _rounds(
             made.append((i, p.original_tokens, forced))
         turns += _round(i, lines, thoughts)
     store.close()
-    # What the client added over the session (its results as they first arrived).
-    msgs = _as_chat(turns)
-    added = _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
     return {
-        "made": made, "growth": last - first, "added": added, "summaries": llm.summaries,
+        "made": made, "growth": last - first, "added": _added(turns), "summaries": llm.summaries,
         "under": under,
     }  # fmt: skip
 
@@ -408,6 +412,12 @@ def _summary_in(body: bytes) -> str | None:
     return None
 
 
+def _compactions(forwarded: list[str | None]) -> list[int]:
+    """The requests that compacted: each forwarded with a summary message (``_summary_in``
+    of its body) its previous one did not carry."""
+    return [i for i, m in enumerate(forwarded) if m and (i == 0 or forwarded[i - 1] != m)]
+
+
 # Each surface as its client sends it (``tests.replay.shapes``): the path, the renderer, the
 # model (one the official SDK does not warn about).
 SURFACES = {
@@ -450,12 +460,10 @@ def test_a_clearing_client_through_the_proxy_compacts_once_per_trigger_of_growth
         forwarded = [_summary_in(body) for body in bodies]
         calls = len(up.summarizer_calls())
     assert len(forwarded) == rounds  # one forwarded request per request, none refused
-    msgs = _as_chat(turns)
-    added = _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
+    added = _added(turns)
     trigger = low["trigger_tokens"]
     assert added > 6 * trigger
-    # A compaction: a request forwarded with a summary message its previous one did not carry.
-    made = [i for i, m in enumerate(forwarded) if m and (i == 0 or forwarded[i - 1] != m)]
+    made = _compactions(forwarded)
     assert made, "nothing was compacted: the rule was not exercised"
     # At most one per trigger's worth of what the client added (before the sixteenth stop:
     # an LLM compaction on nearly every request past it), and no more summarizer calls.
@@ -500,10 +508,9 @@ def test_a_clock_in_the_system_prompt_keeps_the_conversation_and_its_summary(
         assert f"The time is 10:{i:02d}:07.".encode() in body, i
         assert body.count(b"The time is 10:") == 1, i
     forwarded = [_summary_in(body) for body in bodies]
-    made = [i for i, m in enumerate(forwarded) if m and (i == 0 or forwarded[i - 1] != m)]
+    made = _compactions(forwarded)
     assert made, "nothing was compacted: the rule was not exercised"
-    msgs = _as_chat(turns)
-    added = _counter.count_total(msgs, GPT) - _counter.count_total(msgs[:2], GPT)
+    added = _added(turns)
     trigger = low["trigger_tokens"]
     assert added > 6 * trigger
     assert len(made) <= 1 + added / trigger, made
