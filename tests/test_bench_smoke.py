@@ -140,6 +140,8 @@ def test_net_billed_dollars_priced_with_both_providers_rules(smoke: tuple[Path, 
     # The floor (a free compaction to the target on every request past the trigger) never
     # bills more than the requests as sent.
     assert all(0 < float(row[9].rstrip("×")) <= 1.0 for row in rows), [r[9] for r in rows]
+    # The bound (no input at all past the trigger) never bills more than the floor.
+    assert all(0 < float(row[10].rstrip("×")) <= float(row[9].rstrip("×")) for row in rows)
     aims = {row[0] for row in table_rows(section(report, "Aims"))}
     assert any(a.startswith("net $ ≤ 1.0× unchanged, every session (trigger") for a in aims)
 
@@ -311,6 +313,36 @@ def test_economics_compares_write_read_over_the_same_requests() -> None:
     assert s["write_read_proxy_session"] == pytest.approx(5.0)
     assert s["vs_unchanged"] == pytest.approx(0.5)
     assert "0.200 / 0.100 (5.000)" in economics.markdown([s])
+
+
+def test_economics_bound_holds_a_session_that_ends_just_past_the_trigger() -> None:
+    """The bound: a session whose history passes the trigger only at its end bills about
+    what it bills unchanged whatever a compaction does (its requests under the trigger go
+    as sent), and neither the proxy nor the floor goes below it; a trigger the session
+    passes early leaves far more to save."""
+    import asyncio
+
+    from bench import agent_session, economics
+    from proxy.core.tokens import TokenCounter
+
+    session = economics.synthetic(agent_session.SMOKE_REQUESTS)
+    counter = TokenCounter()
+    sizes = [counter.count_total(r, economics.PROVIDERS["openai"]) for r in session.requests]
+    late = sizes[-3]  # only the last two requests are past it
+    early = sizes[len(sizes) // 4]
+    ratios = {}
+    for trigger in (late, early):
+        settings = economics.settings_for(trigger, "tokens", "openai")
+        r = asyncio.run(economics.replay(session, "openai", settings, counter))
+        s = economics.summary(r)
+        assert s["passes_trigger"]
+        assert 0 < s["bound_vs_unchanged"] <= s["floor_vs_unchanged"] <= 1.0
+        assert s["bound_vs_unchanged"] <= s["vs_unchanged"]
+        ratios[trigger] = s["bound_vs_unchanged"]
+    assert ratios[late] > 0.6 > ratios[early], ratios
+    aims = economics.aims([{**s, "policy": "cost"}])
+    row = next(m for a, m, _ in aims if a.startswith("net $ ≤ 0.6×"))
+    assert "highest bound" in row and "of 1 above 0.6×" in row, row
 
 
 def test_economics_replays_a_client_that_clears_its_own_old_results() -> None:
