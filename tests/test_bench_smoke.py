@@ -345,6 +345,26 @@ def test_economics_bound_holds_a_session_that_ends_just_past_the_trigger() -> No
     assert "highest bound" in row and "of 1 above 0.6×" in row, row
 
 
+def test_economics_joint_bound_of_the_write_read_and_dollar_aims() -> None:
+    """The least a traffic within 1.5x of unchanged's cache write ÷ read can bill: it writes
+    at least what each request adds, so it reads at least two thirds of what unchanged reads.
+    Unchanged itself is that least traffic at 1.0x."""
+    from bench import economics
+    from proxy.core import billing, costs
+
+    model = economics.PROVIDERS["anthropic"]
+    prices, rules = costs.prices_for(model), billing.rules_for(model)
+    as_sent = billing.bill(prices, rules, 105_000, 100_000)  # 100,000 read, 5,000 written
+    result = economics.Result("s", "anthropic", "cost", 24_000, 1, 0, 1)
+    result.unchanged.add(as_sent)
+    result.fresh = 5_000
+    assert economics.joint_bound(result, within=1.0) == pytest.approx(1.0, rel=1e-4)
+    reads_usd = billing.bill(prices, rules, 100_000, 100_000).usd
+    joint = economics.joint_bound(result)
+    assert joint == pytest.approx(1 - reads_usd / 3 / as_sent.usd, rel=1e-4)
+    assert joint > 0.6
+
+
 def test_economics_replays_a_client_that_clears_its_own_old_results() -> None:
     """``--client-clears N``: every request keeps its last N tool results and has the older
     ones replaced in place, so a request changes messages the previous one sent."""
