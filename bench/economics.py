@@ -324,13 +324,13 @@ async def replay(
                 was = billing.cached_prefix(rules, common_sent, idle)
                 as_sent = billing.bill(prices, rules, original, was, output)
                 result.unchanged.add(as_sent)
-                past = original > settings.trigger_tokens
-                result.bound_usd += output * prices.output if past else as_sent.usd
-                result.fresh += original - min(common_sent, original)
-                result.output_usd += output * prices.output
                 result.proxy_fit.add(bill)
                 old = min(common_sent, original)  # (the new messages: the rest)
-                held = min(old, target) if original > settings.trigger_tokens else old
+                past = original > settings.trigger_tokens
+                result.bound_usd += output * prices.output if past else as_sent.usd
+                result.fresh += original - old
+                result.output_usd += output * prices.output
+                held = min(old, target) if past else old
                 result.floor_usd += billing.bill(prices, rules, original - old + held,
                                                  min(was, held), output).usd  # fmt: skip
             # The client compacting by itself near the window.
@@ -571,10 +571,10 @@ def aims(results: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
                 return float(s["write_read_proxy"] / base) if base else 1.0
 
             worst = max(group, key=times)
-            joint = max(passing or group, key=lambda s: s.get("joint_vs_unchanged", 0.0))
+            joint = max(passing or group, key=lambda s: s["joint_vs_unchanged"])
             out.append((f"cache write ÷ read within 1.5× of unchanged's ({where})",
                         f"{times(worst):.2f}× ({worst['session']}); within it "
-                        f"{joint['session']} bills ≥ {joint.get('joint_vs_unchanged', 0):.3f}× "
+                        f"{joint['session']} bills ≥ {joint['joint_vs_unchanged']:.3f}× "
                         "unchanged",
                         "met" if times(worst) <= 1.5 else "missed"))  # fmt: skip
     return out
