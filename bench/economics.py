@@ -327,9 +327,10 @@ async def replay(
                 result.proxy_fit.add(bill)
                 old = min(common_sent, original)  # (the new messages: the rest)
                 past = original > settings.trigger_tokens
-                result.bound_usd += output * prices.output if past else as_sent.usd
+                output_usd = output * prices.output
+                result.bound_usd += output_usd if past else as_sent.usd
                 result.fresh += original - old
-                result.output_usd += output * prices.output
+                result.output_usd += output_usd
                 held = min(old, target) if past else old
                 result.floor_usd += billing.bill(prices, rules, original - old + held,
                                                  min(was, held), output).usd  # fmt: skip
