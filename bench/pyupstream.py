@@ -13,7 +13,13 @@ measures direct and through the proxy, at concurrency 1 and 32, for the 2- and 5
 bodies (below the trigger, not streamed), in a rotating order. Reported: medians over rounds
 of p50 and req/s, the added p50 at concurrency 1 (proxy's p50 minus direct's, per round) and
 the req/s ratio at concurrency 32 (proxy ÷ direct, per round), with the CPU per request of
-each process. Nothing is asserted.
+each process. ``--floor`` adds ``bench.relay_floor --read-body`` (uvloop, httptools, every body
+parsed by orjson: the least a Python proxy that reads the request does) in front of each
+upstream, measured the same way: whether any Python proxy could reach a req/s ratio on this
+machine at all. Each row at concurrency 32 also gives the CPU a forwarder could spend per
+request and still reach 0.9× direct's req/s (``budget_us``: the machine's CPUs less what
+the upstream and the load generator spend per request at that rate, over that rate; see
+``cpu_budget``). Nothing is asserted.
 
 Only ever binds 127.0.0.1.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -36,6 +43,7 @@ from starlette.routing import Route
 from bench.cpu_ab import KEY, Tree, bodies_of
 from bench.overhead import ROOT, FastUpstream, Profile, _stop, load, process_tree, settle
 from bench.overhead import start_ready as _start_ready
+from bench.servers import FloorRelay
 from bench.upstream_fast import JSON_BODY
 from tests.proxyproc import free_port
 
@@ -84,7 +92,22 @@ def _serve(port: int) -> None:
     Ready(config).run()
 
 
-def run(rounds: int, duration: float) -> dict[str, Any]:
+def cpu_budget(
+    direct_rps: float, upstream_us: float, client_us: float, cpus: int, ratio: float = 0.9
+) -> float:
+    """The CPU-microseconds per request a forwarder may spend and still carry ``ratio`` of
+    direct's req/s, when the upstream and the load generator share the machine's ``cpus``
+    with it: at ``ratio × direct_rps`` requests a second the upstream spends ``upstream_us``
+    and the load generator ``client_us`` per request (their figures measured direct, where
+    they are the least: a slower rate only raises a process's CPU per request, as its
+    wake-ups are amortized over fewer requests), and whatever CPU is left is the
+    forwarder's."""
+    rate = ratio * direct_rps
+    left = cpus * 1e6 - rate * (upstream_us + client_us)  # CPU-us a second left over
+    return left / rate
+
+
+def run(rounds: int, duration: float, floor: bool = False) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-pyupstream-"))
     upstreams = {
         "python (Starlette + uvicorn)": PyUpstream(work / "py.log"),
@@ -93,19 +116,27 @@ def run(rounds: int, duration: float) -> dict[str, Any]:
     profile = Profile("pyupstream", 50, (), (1, 32), 0.5, duration, 1_000_000)
     cells: dict[tuple[str, str, int, int], list[dict[str, float]]] = {}
     proxies: dict[str, Tree] = {}
+    floors: dict[str, FloorRelay] = {}
     try:
         for name, upstream in upstreams.items():
             upstream.start()
             slug = "proxy-" + "".join(c for c in name if c.isalnum())
             proxies[name] = Tree(slug, ROOT, work, upstream.base_url).start()
+            if floor:
+                floors[name] = FloorRelay(work / slug, upstream.port, read_body=True)
+                (work / slug).mkdir(parents=True, exist_ok=True)
+                floors[name].start()
         bodies = {history: bodies_of(history, False, 1, work)[0] for history in (2, 50)}
         for r in range(rounds):
             for name, upstream in upstreams.items():
                 assert upstream.proc is not None
                 targets = [("direct", upstream.port, upstream.proc.pid),
                            ("proxy", proxies[name].port, proxies[name].proc.pid)]  # fmt: skip
-                if r % 2:
-                    targets.reverse()
+                if name in floors:
+                    relay = floors[name]
+                    assert relay.proc is not None
+                    targets.append(("floor", relay.port, relay.proc.pid))
+                targets = targets[r % len(targets) :] + targets[: r % len(targets)]
                 for history, body in bodies.items():
                     for concurrency in (1, 32):
                         for via, port, pid in targets:
@@ -122,7 +153,7 @@ def run(rounds: int, duration: float) -> dict[str, Any]:
                                 "errors": result["errors"],
                                 "upstream_cpu_us": (cpu.get(str(upstream.proc.pid)) or 0) / n * 1e6,
                                 "proxy_cpu_us": sum(cpu.get(str(p)) or 0 for p in process_tree(pid))
-                                / n * 1e6 if via == "proxy" else 0.0,
+                                / n * 1e6 if via != "direct" else 0.0,
                                 "client_cpu_us": result["client_cpu_s"] / n * 1e6,
                             }  # fmt: skip
                             cells.setdefault((name, via, history, concurrency), []).append(cell)
@@ -132,6 +163,8 @@ def run(rounds: int, duration: float) -> dict[str, Any]:
                                 file=sys.stderr,
                             )
     finally:
+        for relay in floors.values():
+            relay.stop()
         for tree in proxies.values():
             tree.stop()
         for upstream in upstreams.values():
@@ -147,10 +180,15 @@ def _summary(cells: dict[tuple[str, str, int, int], list[dict[str, float]]]) -> 
         for key in got[0]:
             row[key] = statistics.median(c[key] for c in got)
         direct = cells.get((name, "direct", history, concurrency))
-        if via == "proxy" and direct:
+        if via != "direct" and direct:
             pairs = list(zip(got, direct, strict=False))
             row["added_p50_ms"] = statistics.median(p["p50_ms"] - d["p50_ms"] for p, d in pairs)
             row["rps_ratio"] = statistics.median(p["rps"] / max(d["rps"], 1e-9) for p, d in pairs)
+        if via == "direct" and concurrency > 1:
+            cpus = os.cpu_count() or 1
+            row["budget_us"] = statistics.median(
+                cpu_budget(c["rps"], c["upstream_cpu_us"], c["client_cpu_us"], cpus) for c in got
+            )
         rows.append(row)
     return {"rows": rows}
 
@@ -158,17 +196,20 @@ def _summary(cells: dict[tuple[str, str, int, int], list[dict[str, float]]]) -> 
 def markdown(results: dict[str, Any]) -> str:
     out = [
         "| upstream | via | history (msgs) | concurrency | p50 ms | added p50 ms | req/s | "
-        "req/s ÷ direct | proxy CPU us/req | upstream CPU us/req | errors |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "req/s ÷ direct | forwarder CPU us/req | upstream CPU us/req | "
+        "load generator CPU us/req | budget for 0.9× (us/req) | errors |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results["rows"]:
         added = f"{r['added_p50_ms']:.2f}" if "added_p50_ms" in r else "—"
         ratio = f"{r['rps_ratio']:.2f}×" if "rps_ratio" in r else "—"
-        proxy = f"{r['proxy_cpu_us']:.0f}" if r["via"] == "proxy" else "—"
+        proxy = f"{r['proxy_cpu_us']:.0f}" if r["via"] != "direct" else "—"
+        budget = f"{r['budget_us']:.0f}" if "budget_us" in r else "—"
         out.append(
             f"| {r['upstream']} | {r['via']} | {r['history']} | {r['concurrency']} | "
             f"{r['p50_ms']:.2f} | {added} | {r['rps']:,.0f} | {ratio} | {proxy} | "
-            f"{r['upstream_cpu_us']:.0f} | {r['errors']:.0f} |"
+            f"{r['upstream_cpu_us']:.0f} | {r['client_cpu_us']:.0f} | {budget} | "
+            f"{r['errors']:.0f} |"
         )
     return "\n".join(out)
 
@@ -179,11 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--floor", action="store_true", help="the floor relay + orjson too")
     args = parser.parse_args(argv)
     if args.serve:
         _serve(args.serve)
         return 0
-    results = run(args.rounds, args.duration)
+    results = run(args.rounds, args.duration, args.floor)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     print(markdown(results))

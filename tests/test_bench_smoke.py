@@ -440,3 +440,38 @@ def test_ledger_flush_times_the_writers_parts() -> None:
 
     assert DiskStore.update.__qualname__ == "DiskStore.update"  # put back as it was
     assert ledger.adopt.__module__ == "proxy.operators.adopt"
+
+
+def test_pyupstream_budget_is_what_the_machine_leaves_a_forwarder() -> None:
+    """``bench.pyupstream.cpu_budget``: at 0.9x of direct's req/s, the CPUs less what the
+    upstream and the load generator spend, over that rate; none left once they fill them."""
+    from bench.pyupstream import cpu_budget
+
+    # Direct: 10,000 req/s, the upstream 80 us and the client 20 us a request, 2 CPUs. At
+    # 9,000 req/s they use 0.9 s of CPU a second; 1.1 s is left for 9,000 requests.
+    assert cpu_budget(10_000, 80, 20, 2) == pytest.approx(1.1e6 / 9_000)
+    assert cpu_budget(10_000, 80, 20, 2, ratio=1.0) == pytest.approx(100)
+    assert cpu_budget(25_000, 80, 20, 2) < 0  # upstream and client alone need 2.25 CPUs
+
+
+def test_pyupstream_summary_gives_each_forwarder_its_ratio_and_direct_the_budget() -> None:
+    from bench import pyupstream
+
+    def cell(rps: float, upstream: float = 70.0) -> dict[str, float]:
+        return {"p50_ms": 1.0, "rps": rps, "errors": 0, "upstream_cpu_us": upstream,
+                "proxy_cpu_us": 0.0, "client_cpu_us": 30.0}  # fmt: skip
+
+    name = "python (Starlette + uvicorn)"
+    cells = {
+        (name, "direct", 2, 32): [cell(10_000), cell(12_000)],
+        (name, "proxy", 2, 32): [cell(2_000), cell(3_000)],
+        (name, "floor", 2, 32): [cell(10_000), cell(12_000)],
+        (name, "direct", 2, 1): [cell(5_000)],
+    }
+    rows = {(r["via"], r["concurrency"]): r for r in pyupstream._summary(cells)["rows"]}
+    assert rows["proxy", 32]["rps_ratio"] == pytest.approx(0.225)  # per round, then median
+    assert rows["floor", 32]["rps_ratio"] == pytest.approx(1.0)
+    assert "budget_us" in rows["direct", 32] and "budget_us" not in rows["direct", 1]
+    assert "budget_us" not in rows["proxy", 32]
+    table = pyupstream.markdown({"rows": list(rows.values())})
+    assert "| floor |" in table and "budget for 0.9×" in table
