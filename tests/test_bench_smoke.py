@@ -475,3 +475,55 @@ def test_pyupstream_summary_gives_each_forwarder_its_ratio_and_direct_the_budget
     assert "budget_us" not in rows["proxy", 32]
     table = pyupstream.markdown({"rows": list(rows.values())})
     assert "| floor |" in table and "budget for 0.9×" in table
+
+
+def test_layers_variants_go_without_what_they_name(tmp_path: Path) -> None:
+    """``bench.layers``: each variant is the tree with its layers really gone (no request log
+    line without ``finish``; no conversation identified without the engine), and every one
+    still answers the client as the upstream did."""
+    import httpx
+
+    from bench.cpu_ab import KEY, bodies_of
+    from bench.layers import LAYERS, LayerTree
+    from bench.overhead import FastUpstream
+
+    upstream = FastUpstream(tmp_path / "upstream.log").start()
+    body = bodies_of(2, False, 1, tmp_path)[0].read_bytes()
+    seen = {}
+    try:
+        for layer in LAYERS:
+            tree = LayerTree(layer, tmp_path, upstream.base_url).start()
+            try:
+                answer = httpx.post(
+                    f"http://127.0.0.1:{tree.port}/v1/chat/completions",
+                    content=body,
+                    headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
+                    timeout=60,
+                )
+            finally:
+                tree.stop()
+            assert answer.status_code == 200 and answer.json()["choices"], layer
+            logged = '"msg":"request"' in (tree.tmp / "server.log").read_text()
+            seen[layer] = (logged, "x-compaction-conversation" in answer.headers)
+    finally:
+        upstream.stop()
+    assert seen == {
+        "whole": (True, True),
+        "without finish": (False, True),
+        "without the engine": (False, False),
+    }
+
+
+def test_layers_summary_takes_each_layer_as_a_difference() -> None:
+    from bench.layers import markdown, summary
+
+    samples = {
+        ("whole", 2, False): [500.0, 520.0, 480.0],
+        ("without finish", 2, False): [400.0],
+        ("without the engine", 2, False): [150.0],
+        ("python relay (floor) + orjson", 2, False): [25.0],
+    }
+    (row,) = summary(samples, (0.5, 0.6, 0.7))["rows"]
+    assert row["begin"] == 250.0 and row["finish"] == 100.0
+    table = markdown(summary(samples, (0.5, 0.6, 0.7)))
+    assert "| 2 | no | 500 | 400 | 150 | 250 | 100 | 25 |" in table

@@ -1,0 +1,196 @@
+"""The proxy's CPU per request, layer by layer, over real sockets (#28).
+
+    python -m bench.layers [--rounds 3] [--duration 3] [--concurrency 8] [--json PATH]
+
+Four servers in front of one fast upstream (``bench.upstream_fast``), each fed by
+``bench.loadgen --watch-pid`` with the same 2- and 50-message bodies (below the trigger, one
+conversation seen before, streamed and not), rounds interleaved in a rotating order:
+
+- ``whole``: ``compaction-proxy serve`` as it is (one worker, diskcache, the default config);
+- ``without finish``: the same, ``Service.finish`` doing nothing: no log line, metrics,
+  ledger entry or stability tracker, so the batched writer has nothing to write either;
+- ``without the engine``: ``Service.begin`` too answers at once with no preparation (the
+  request described, identified, read from the store and decided by nothing: it goes
+  upstream as sent, as when the core fails open): what is left is the server's and the
+  relay's part, uvicorn and ASGI, reading, parsing and checking the body, the upstream's
+  HTTP/1.1 exchange and the answer's write;
+- the floor relay + orjson (``bench.relay_floor --read-body``: uvloop, httptools, every body
+  parsed), beside them.
+
+The two variants are the tree's own code with one or two methods replaced at start-up (a
+``sitecustomize`` module on the server's ``PYTHONPATH``, read from ``BENCH_LAYER``), so the
+differences between rows are what those layers cost: the engine's ``begin`` (``without
+finish`` less ``without the engine``) and ``finish`` with the writer's work (``whole`` less
+``without finish``). Medians over rounds. Nothing is asserted; the figures go to
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.cpu_ab import Tree, bodies_of, load_many
+from bench.overhead import ROOT, FastUpstream, Profile, _wait_http
+from bench.servers import FloorRelay, process_tree, settle
+from tests.proxyproc import cli_path
+
+WHOLE, NO_FINISH, NO_ENGINE = "whole", "without finish", "without the engine"
+LAYERS = (WHOLE, NO_FINISH, NO_ENGINE)
+ENV = "BENCH_LAYER"
+
+# Read by the server's interpreter at start-up (``site`` imports ``sitecustomize`` from the
+# path): the methods the variant goes without, replaced before the app is built.
+SITECUSTOMIZE = """
+import os
+
+_layer = os.environ.get("BENCH_LAYER", "")
+if _layer in ("without finish", "without the engine"):
+    import time
+
+    from proxy.engine import service as _service
+
+    def _finish(self, call, usage, status, **kwargs):
+        return None
+
+    _service.Service.finish = _finish
+    if _layer == "without the engine":
+
+        async def _begin(self, route, describe, *, started=None):
+            started = time.perf_counter() if started is None else started
+            return _service.Call(route, None, started)
+
+        _service.Service.begin = _begin
+"""
+
+
+class LayerTree(Tree):
+    """``compaction-proxy serve`` of this tree with ``layer``'s methods replaced."""
+
+    def __init__(self, layer: str, work: Path, upstream: str) -> None:
+        super().__init__(layer.replace(" ", "-"), ROOT, work, upstream)
+        self.layer = layer
+        self.site = work / f"site-{self.name}"
+        self.site.mkdir(parents=True, exist_ok=True)
+        (self.site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+
+    def start(self) -> LayerTree:
+        # ``Tree.start``'s, with the hook first on the path and the layer named.
+        env = {**os.environ, "PYTHONPATH": f"{self.site}{os.pathsep}{self.root}", ENV: self.layer}
+        env.pop("COMPACTION_PROXY_OVERRIDES", None)
+        log_path = self.tmp / "server.log"
+        command = [cli_path(), "serve", "--config", str(self.config_path)]
+        with open(log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root
+            )
+        _wait_http(f"http://127.0.0.1:{self.port}/healthz", self.proc, self.name, log_path, 120)
+        return self
+
+
+def run(rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="bench-layers-"))
+    upstream = FastUpstream(work / "upstream.log").start()
+    servers: list[LayerTree | FloorRelay] = [
+        LayerTree(layer, work, upstream.base_url) for layer in LAYERS
+    ]
+    servers.append(FloorRelay(work, upstream.port, read_body=True))
+    profile = Profile("layers", 50, (), (concurrency,), 0.5, duration, 1_000_000)
+    samples: dict[tuple[str, int, bool], list[float]] = {}
+    try:
+        for server in servers:
+            server.start()
+        bodies = {
+            (history, stream): bodies_of(history, stream, 1, work)
+            for history in (2, 50)
+            for stream in (False, True)
+        }
+        for r in range(rounds):
+            order = servers[r % len(servers) :] + servers[: r % len(servers)]
+            for (history, stream), paths in bodies.items():
+                for server in order:
+                    assert server.proc is not None
+                    tree = process_tree(server.proc.pid)
+                    settle(server.proc.pid, 10)
+                    result = load_many(server.port, paths, concurrency, profile, tuple(tree))
+                    used = sum(result["watched_cpu_s"].get(str(p)) or 0.0 for p in tree)
+                    n = max(result["rps"] * result["cpu_window_s"], 1)
+                    if result["errors"]:
+                        raise RuntimeError(f"{server.name}: {result['errors']} errors")
+                    name = getattr(server, "layer", server.name)
+                    samples.setdefault((name, history, stream), []).append(used / n * 1e6)
+                    print(
+                        f"round {r} {name:32} {history:>2} msgs stream={stream!s:5} "
+                        f"{used / n * 1e6:.0f} us/request",
+                        file=sys.stderr,
+                    )
+    finally:
+        for server in servers:
+            server.stop()
+        upstream.stop()
+    return summary(samples, os.getloadavg())
+
+
+def summary(
+    samples: dict[tuple[str, int, bool], list[float]], load_average: tuple[float, ...]
+) -> dict[str, Any]:
+    """Medians over rounds, and each layer's part: the differences of those medians."""
+    med = {key: statistics.median(values) for key, values in samples.items()}
+    rows = []
+    for history, stream in sorted({(h, s) for _, h, s in med}):
+        row: dict[str, Any] = {"history": history, "stream": stream}
+        row.update({name: cpu for (name, h, s), cpu in med.items() if (h, s) == (history, stream)})
+        if all(layer in row for layer in LAYERS):
+            row["begin"] = row[NO_FINISH] - row[NO_ENGINE]
+            row["finish"] = row[WHOLE] - row[NO_FINISH]
+        rows.append(row)
+    return {"rows": rows, "load_average": list(load_average)}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    floor = next((k for r in results["rows"] for k in r if k.startswith("python relay")), None)
+    out = [
+        "| history (msgs) | stream | whole | without finish | without the engine | "
+        "engine's begin | finish + writer | floor relay + orjson |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def us(value: Any) -> str:
+        return f"{value:,.0f}" if isinstance(value, int | float) else "—"
+
+    for r in results["rows"]:
+        cells = [r.get(k) for k in (*LAYERS, "begin", "finish", floor)]
+        out.append(
+            f"| {r['history']} | {'yes' if r['stream'] else 'no'} | "
+            + " | ".join(us(c) for c in cells)
+            + " |"
+        )
+    load = ", ".join(f"{x:.1f}" for x in results["load_average"])
+    out.append("")
+    out.append(f"CPU-microseconds per request, medians over rounds; load average {load}.")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.layers", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=3.0)
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args(argv)
+    results = run(args.rounds, args.duration, args.concurrency)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
