@@ -34,8 +34,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
 import yaml
@@ -54,6 +55,7 @@ from bench.servers import FloorRelay, process_tree, request_body, settle
 from tests.proxyproc import cli_path, free_port
 
 KEY = "sk-bench-cpu"
+T = TypeVar("T")
 AGENT = "agent"  # ``bench.agent_body``'s request: 53 messages, 24 tools, a 5.6 KB system prompt
 _WORDS = ("the", "file", "test", "read", "error", "line", "patch", "run", "diff", "value")
 SUBST = "subst-"  # + N: the N-message body of a conversation whose compaction is stored
@@ -78,11 +80,14 @@ class Tree:
         self.config_path = self.tmp / "proxy.yaml"
         self.config_path.write_text(yaml.safe_dump(config))
         self.proc: subprocess.Popen[bytes] | None = None
+        # The server's import path (the tree first) and any variables of its own.
+        self.pythonpath = str(root)
+        self.env: dict[str, str] = {}
 
     def start(self) -> Tree:
         if self.seed is not None:  # the compactions stored before, as this tree's store
             shutil.copytree(self.seed, self.tmp / "store", dirs_exist_ok=True)
-        env = {**os.environ, "PYTHONPATH": str(self.root)}
+        env = {**os.environ, "PYTHONPATH": self.pythonpath, **self.env}
         env.pop("COMPACTION_PROXY_OVERRIDES", None)
         log_path = self.tmp / "server.log"
         command = [cli_path(), "serve", "--config", str(self.config_path)]
@@ -145,6 +150,50 @@ def load_many(
     return result
 
 
+class Server(Protocol):
+    """A server process under load: ``Tree``, ``FloorRelay``."""
+
+    name: str
+    port: int
+    proc: subprocess.Popen[bytes] | None
+
+
+def measure(
+    server: Server, paths: list[Path], concurrency: int, profile: Profile
+) -> dict[str, float]:
+    """One cell: ``server``'s CPU-microseconds per request (its whole process tree's CPU over
+    the measured window, over the requests measured in it) under the load of ``paths``, with
+    its req/s, p50 and errors."""
+    assert server.proc is not None
+    tree = process_tree(server.proc.pid)
+    settle(server.proc.pid, 10)
+    result = load_many(server.port, paths, concurrency, profile, tuple(tree))
+    used = sum(result["watched_cpu_s"].get(str(p)) or 0.0 for p in tree)
+    n = result["rps"] * result["cpu_window_s"]
+    return {
+        "cpu_us": used / max(n, 1) * 1e6,
+        "rps": result["rps"],
+        "p50_ms": result["p50_ms"],
+        "errors": result["errors"],
+    }
+
+
+def rotated(servers: list[T], r: int) -> list[T]:
+    """Round ``r``'s order: each server first in turn, so none is always measured first."""
+    return servers[r % len(servers) :] + servers[: r % len(servers)]
+
+
+def report(
+    results: dict[str, Any], json_path: str | None, render: Callable[[dict[str, Any]], str]
+) -> int:
+    """A benchmark's ending: its results as JSON to ``json_path`` (when given), its table
+    (``render``) on standard output; the exit status."""
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=2))
+    print(render(results))
+    return 0
+
+
 def run(
     trees: dict[str, Path],
     rounds: int,
@@ -180,21 +229,10 @@ def run(
             for stream in (False, True)
         }
         for r in range(rounds):
-            order = servers[r % len(servers) :] + servers[: r % len(servers)]
+            order = rotated(servers, r)
             for (history, stream), path in bodies.items():
                 for server in order:
-                    assert server.proc is not None
-                    tree = process_tree(server.proc.pid)
-                    settle(server.proc.pid, 10)
-                    result = load_many(server.port, path, concurrency, profile, tuple(tree))
-                    used = sum(result["watched_cpu_s"].get(str(p)) or 0.0 for p in tree)
-                    n = result["rps"] * result["cpu_window_s"]
-                    cell = {
-                        "cpu_us": used / max(n, 1) * 1e6,
-                        "rps": result["rps"],
-                        "p50_ms": result["p50_ms"],
-                        "errors": result["errors"],
-                    }
+                    cell = measure(server, path, concurrency, profile)
                     samples.setdefault((server.name, history, stream), []).append(cell)
                     print(
                         f"round {r} {server.name:30} {history:>5} msgs stream={stream!s:5} "
@@ -277,10 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         args.agent,
         tuple(args.subst),
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    print(markdown(results))
-    return 0
+    return report(results, args.json, markdown)
 
 
 if __name__ == "__main__":

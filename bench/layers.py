@@ -28,19 +28,16 @@ docs/benchmarks.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.cpu_ab import Tree, bodies_of, load_many
-from bench.overhead import ROOT, FastUpstream, Profile, _wait_http
-from bench.servers import FloorRelay, process_tree, settle
-from tests.proxyproc import cli_path
+from bench.cpu_ab import Tree, bodies_of, measure, report, rotated
+from bench.overhead import ROOT, FastUpstream, Profile
+from bench.servers import FloorRelay
 
 WHOLE, NO_FINISH, NO_ENGINE = "whole", "without finish", "without the engine"
 LAYERS = (WHOLE, NO_FINISH, NO_ENGINE)
@@ -80,19 +77,8 @@ class LayerTree(Tree):
         self.site = work / f"site-{self.name}"
         self.site.mkdir(parents=True, exist_ok=True)
         (self.site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-
-    def start(self) -> LayerTree:
-        # ``Tree.start``'s, with the hook first on the path and the layer named.
-        env = {**os.environ, "PYTHONPATH": f"{self.site}{os.pathsep}{self.root}", ENV: self.layer}
-        env.pop("COMPACTION_PROXY_OVERRIDES", None)
-        log_path = self.tmp / "server.log"
-        command = [cli_path(), "serve", "--config", str(self.config_path)]
-        with open(log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.root
-            )
-        _wait_http(f"http://127.0.0.1:{self.port}/healthz", self.proc, self.name, log_path, 120)
-        return self
+        self.pythonpath = f"{self.site}{os.pathsep}{self.pythonpath}"  # the hook before the tree
+        self.env = {ENV: layer}
 
 
 def run(rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
@@ -113,22 +99,16 @@ def run(rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
             for stream in (False, True)
         }
         for r in range(rounds):
-            order = servers[r % len(servers) :] + servers[: r % len(servers)]
             for (history, stream), paths in bodies.items():
-                for server in order:
-                    assert server.proc is not None
-                    tree = process_tree(server.proc.pid)
-                    settle(server.proc.pid, 10)
-                    result = load_many(server.port, paths, concurrency, profile, tuple(tree))
-                    used = sum(result["watched_cpu_s"].get(str(p)) or 0.0 for p in tree)
-                    n = max(result["rps"] * result["cpu_window_s"], 1)
-                    if result["errors"]:
-                        raise RuntimeError(f"{server.name}: {result['errors']} errors")
+                for server in rotated(servers, r):
+                    cell = measure(server, paths, concurrency, profile)
+                    if cell["errors"]:
+                        raise RuntimeError(f"{server.name}: {cell['errors']:.0f} errors")
                     name = getattr(server, "layer", server.name)
-                    samples.setdefault((name, history, stream), []).append(used / n * 1e6)
+                    samples.setdefault((name, history, stream), []).append(cell["cpu_us"])
                     print(
                         f"round {r} {name:32} {history:>2} msgs stream={stream!s:5} "
-                        f"{used / n * 1e6:.0f} us/request",
+                        f"{cell['cpu_us']:.0f} us/request",
                         file=sys.stderr,
                     )
     finally:
@@ -186,10 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     results = run(args.rounds, args.duration, args.concurrency)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    print(markdown(results))
-    return 0
+    return report(results, args.json, markdown)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bench.cpu_ab import KEY, Tree, bodies_of
+from bench.cpu_ab import KEY, Tree, bodies_of, report
 from bench.overhead import ROOT, FastUpstream, Profile, _stop, load, process_tree, settle
 from bench.overhead import start_ready as _start_ready
 from bench.servers import FloorRelay
@@ -226,10 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         _serve(args.serve)
         return 0
     results = run(args.rounds, args.duration, args.floor)
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
-    print(markdown(results))
-    return 0
+    return report(results, args.json, markdown)
 
 
 if __name__ == "__main__":
