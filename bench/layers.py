@@ -1,10 +1,13 @@
 """The proxy's CPU per request, layer by layer, over real sockets (#28).
 
-    python -m bench.layers [--rounds 3] [--duration 3] [--concurrency 8] [--json PATH]
+    python -m bench.layers [--rounds 3] [--duration 3] [--concurrency 8] [--conversations 1]
+        [--json PATH]
 
 Four servers in front of one fast upstream (``bench.upstream_fast``), each fed by
 ``bench.loadgen --watch-pid`` with the same 2- and 50-message bodies (below the trigger, one
-conversation seen before, streamed and not), rounds interleaved in a rotating order:
+conversation seen before, streamed and not; with ``--conversations N``, N bodies of as many
+conversations sent in turn, so the ledger's writer writes one row per conversation and
+flush as in real traffic: ``bench.cpu_ab``'s), rounds interleaved in a rotating order:
 
 - ``whole``: ``compaction-proxy serve`` as it is (one worker, diskcache, the default config);
 - ``without finish``: the same, ``Service.finish`` doing nothing: no log line, metrics,
@@ -81,7 +84,7 @@ class LayerTree(Tree):
         self.env = {ENV: layer}
 
 
-def run(rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
+def run(rounds: int, duration: float, concurrency: int, conversations: int = 1) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-layers-"))
     upstream = FastUpstream(work / "upstream.log").start()
     servers: list[LayerTree | FloorRelay] = [
@@ -94,7 +97,7 @@ def run(rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
         for server in servers:
             server.start()
         bodies = {
-            (history, stream): bodies_of(history, stream, 1, work)
+            (history, stream): bodies_of(history, stream, conversations, work)
             for history in (2, 50)
             for stream in (False, True)
         }
@@ -115,7 +118,7 @@ def run(rounds: int, duration: float, concurrency: int) -> dict[str, Any]:
         for server in servers:
             server.stop()
         upstream.stop()
-    return summary(samples, os.getloadavg())
+    return {**summary(samples, os.getloadavg()), "conversations": conversations}
 
 
 def summary(
@@ -154,7 +157,11 @@ def markdown(results: dict[str, Any]) -> str:
         )
     load = ", ".join(f"{x:.1f}" for x in results["load_average"])
     out.append("")
-    out.append(f"CPU-microseconds per request, medians over rounds; load average {load}.")
+    many = results.get("conversations", 1)
+    out.append(
+        f"CPU-microseconds per request, medians over rounds; {many} conversation(s); "
+        f"load average {load}."
+    )
     return "\n".join(out)
 
 
@@ -163,9 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--conversations", type=int, default=1)
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
-    results = run(args.rounds, args.duration, args.concurrency)
+    results = run(args.rounds, args.duration, args.concurrency, args.conversations)
     return report(results, args.json, markdown)
 
 
