@@ -3,13 +3,17 @@
     python -m bench.layers [--rounds 3] [--duration 3] [--concurrency 8] [--conversations 1]
         [--json PATH]
 
-Four servers in front of one fast upstream (``bench.upstream_fast``), each fed by
+Five servers in front of one fast upstream (``bench.upstream_fast``), each fed by
 ``bench.loadgen --watch-pid`` with the same 2- and 50-message bodies (below the trigger, one
 conversation seen before, streamed and not; with ``--conversations N``, N bodies of as many
 conversations sent in turn, so the ledger's writer writes one row per conversation and
 flush as in real traffic: ``bench.cpu_ab``'s), rounds interleaved in a rotating order:
 
 - ``whole``: ``compaction-proxy serve`` as it is (one worker, diskcache, the default config);
+- ``without the ledger``: the same, ``BatchWriter.record`` doing nothing: each request's
+  ledger entry is built but not queued, so the writer's thread writes no request, its
+  conversation, hour and totals rows, or its history (the stability tracker and other
+  small values still go through it);
 - ``without finish``: the same, ``Service.finish`` doing nothing: no log line, metrics,
   ledger entry or stability tracker, so the batched writer has nothing to write either;
 - ``without the engine``: ``Service.begin`` too answers at once with no preparation (the
@@ -20,11 +24,12 @@ flush as in real traffic: ``bench.cpu_ab``'s), rounds interleaved in a rotating 
 - the floor relay + orjson (``bench.relay_floor --read-body``: uvloop, httptools, every body
   parsed), beside them.
 
-The two variants are the tree's own code with one or two methods replaced at start-up (a
+The variants are the tree's own code with one or two methods replaced at start-up (a
 ``sitecustomize`` module on the server's ``PYTHONPATH``, read from ``BENCH_LAYER``), so the
 differences between rows are what those layers cost: the engine's ``begin`` (``without
-finish`` less ``without the engine``) and ``finish`` with the writer's work (``whole`` less
-``without finish``). Medians over rounds. Nothing is asserted; the figures go to
+finish`` less ``without the engine``), ``finish`` with the writer's work (``whole`` less
+``without finish``), and of that the ledger's writing (``whole`` less ``without the
+ledger``). Medians over rounds. Nothing is asserted; the figures go to
 docs/benchmarks.md.
 """
 
@@ -42,8 +47,9 @@ from bench.cpu_ab import Tree, bodies_of, measure, report, rotated
 from bench.overhead import ROOT, FastUpstream, Profile
 from bench.servers import FloorRelay
 
-WHOLE, NO_FINISH, NO_ENGINE = "whole", "without finish", "without the engine"
-LAYERS = (WHOLE, NO_FINISH, NO_ENGINE)
+WHOLE, NO_LEDGER = "whole", "without the ledger"
+NO_FINISH, NO_ENGINE = "without finish", "without the engine"
+LAYERS = (WHOLE, NO_LEDGER, NO_FINISH, NO_ENGINE)
 ENV = "BENCH_LAYER"
 
 # Read by the server's interpreter at start-up (``site`` imports ``sitecustomize`` from the
@@ -52,6 +58,13 @@ SITECUSTOMIZE = """
 import os
 
 _layer = os.environ.get("BENCH_LAYER", "")
+if _layer == "without the ledger":
+    from proxy.adapters import writer as _writer
+
+    def _record(self, entry, original, priced=None):
+        return None
+
+    _writer.BatchWriter.record = _record
 if _layer in ("without finish", "without the engine"):
     import time
 
@@ -133,6 +146,7 @@ def summary(
         if all(layer in row for layer in LAYERS):
             row["begin"] = row[NO_FINISH] - row[NO_ENGINE]
             row["finish"] = row[WHOLE] - row[NO_FINISH]
+            row["ledger"] = row[WHOLE] - row[NO_LEDGER]
         rows.append(row)
     return {"rows": rows, "load_average": list(load_average)}
 
@@ -140,16 +154,17 @@ def summary(
 def markdown(results: dict[str, Any]) -> str:
     floor = next((k for r in results["rows"] for k in r if k.startswith("python relay")), None)
     out = [
-        "| history (msgs) | stream | whole | without finish | without the engine | "
-        "engine's begin | finish + writer | floor relay + orjson |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| history (msgs) | stream | whole | without the ledger | without finish | "
+        "without the engine | engine's begin | finish + writer | of it the ledger | "
+        "floor relay + orjson |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
 
     def us(value: Any) -> str:
         return f"{value:,.0f}" if isinstance(value, int | float) else "—"
 
     for r in results["rows"]:
-        cells = [r.get(k) for k in (*LAYERS, "begin", "finish", floor)]
+        cells = [r.get(k) for k in (*LAYERS, "begin", "finish", "ledger", floor)]
         out.append(
             f"| {r['history']} | {'yes' if r['stream'] else 'no'} | "
             + " | ".join(us(c) for c in cells)

@@ -478,9 +478,10 @@ def test_pyupstream_summary_gives_each_forwarder_its_ratio_and_direct_the_budget
 
 
 def test_layers_variants_go_without_what_they_name(tmp_path: Path) -> None:
-    """``bench.layers``: each variant is the tree with its layers really gone (no request log
-    line without ``finish``; no conversation identified without the engine), and every one
-    still answers the client as the upstream did."""
+    """``bench.layers``: each variant is the tree with its layers really gone (no ledger entry
+    without the ledger, no request log line either without ``finish``, no conversation
+    identified without the engine), and every one still answers the client as the upstream
+    did."""
     import httpx
 
     from bench.cpu_ab import KEY, bodies_of
@@ -504,14 +505,28 @@ def test_layers_variants_go_without_what_they_name(tmp_path: Path) -> None:
                 tree.stop()
             assert answer.status_code == 200 and answer.json()["choices"], layer
             logged = '"msg":"request"' in (tree.tmp / "server.log").read_text()
-            seen[layer] = (logged, "x-compaction-conversation" in answer.headers)
+            ledgered = _ledger_requests(tree.tmp / "store")
+            seen[layer] = (logged, "x-compaction-conversation" in answer.headers, ledgered)
     finally:
         upstream.stop()
     assert seen == {
-        "whole": (True, True),
-        "without finish": (False, True),
-        "without the engine": (False, False),
+        "whole": (True, True, 1),
+        "without the ledger": (True, True, 0),
+        "without finish": (False, True, 0),
+        "without the engine": (False, False, 0),
     }
+
+
+def _ledger_requests(store_dir: Path) -> int:
+    """How many requests the ledger of a stopped server's store counts."""
+    from proxy.adapters.store import DiskStore
+    from proxy.operators.queries import stats
+
+    store = DiskStore(str(store_dir))
+    try:
+        return int(stats(store, 1)["totals"].get("requests", 0))
+    finally:
+        store.close()
 
 
 def test_layers_summary_takes_each_layer_as_a_difference() -> None:
@@ -519,11 +534,12 @@ def test_layers_summary_takes_each_layer_as_a_difference() -> None:
 
     samples = {
         ("whole", 2, False): [500.0, 520.0, 480.0],
+        ("without the ledger", 2, False): [440.0],
         ("without finish", 2, False): [400.0],
         ("without the engine", 2, False): [150.0],
         ("python relay (floor) + orjson", 2, False): [25.0],
     }
     (row,) = summary(samples, (0.5, 0.6, 0.7))["rows"]
-    assert row["begin"] == 250.0 and row["finish"] == 100.0
+    assert row["begin"] == 250.0 and row["finish"] == 100.0 and row["ledger"] == 60.0
     table = markdown(summary(samples, (0.5, 0.6, 0.7)))
-    assert "| 2 | no | 500 | 400 | 150 | 250 | 100 | 25 |" in table
+    assert "| 2 | no | 500 | 440 | 400 | 150 | 250 | 100 | 60 | 25 |" in table
