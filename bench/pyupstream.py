@@ -98,10 +98,11 @@ def cpu_budget(
     """The CPU-microseconds per request a forwarder may spend and still carry ``ratio`` of
     direct's req/s, when the upstream and the load generator share the machine's ``cpus``
     with it: at ``ratio × direct_rps`` requests a second the upstream spends ``upstream_us``
-    and the load generator ``client_us`` per request (their figures measured direct, where
-    they are the least: a slower rate only raises a process's CPU per request, as its
-    wake-ups are amortized over fewer requests), and whatever CPU is left is the
-    forwarder's."""
+    and the load generator ``client_us`` per request (their figures measured direct), and
+    whatever CPU is left is the forwarder's. An estimate, not a bound: at a slower rate
+    each process wakes for fewer requests at a time and spends more per request, while a
+    forwarder that keeps fewer connections to the upstream makes the upstream's requests
+    cheaper (the floor relay does: docs/benchmarks.md, #28)."""
     rate = ratio * direct_rps
     left = cpus * 1e6 - rate * (upstream_us + client_us)  # CPU-us a second left over
     return left / rate
