@@ -16,8 +16,8 @@ the req/s ratio at concurrency 32 (proxy ÷ direct, per round), with the CPU per
 each process. ``--floor`` adds ``bench.relay_floor --read-body`` (uvloop, httptools, every body
 parsed by orjson: the least a Python proxy that reads the request does) in front of each
 upstream, measured the same way: whether any Python proxy could reach a req/s ratio on this
-machine at all. Each row at concurrency 32 also gives the CPU a forwarder could spend per
-request and still reach 0.9× direct's req/s (``budget_us``: the machine's CPUs less what
+machine at all. Each direct row at concurrency 32 also gives the CPU a forwarder could spend
+per request and still reach 0.9× direct's req/s (``budget_us``: the machine's CPUs less what
 the upstream and the load generator spend per request at that rate, over that rate; see
 ``cpu_budget``). Nothing is asserted.
 
@@ -40,7 +40,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from bench.cpu_ab import KEY, Tree, bodies_of, report
+from bench.cpu_ab import KEY, Tree, bodies_of, report, rotated
 from bench.overhead import ROOT, FastUpstream, Profile, _stop, load, process_tree, settle
 from bench.overhead import start_ready as _start_ready
 from bench.servers import FloorRelay
@@ -123,10 +123,9 @@ def run(rounds: int, duration: float, floor: bool = False) -> dict[str, Any]:
             upstream.start()
             slug = "proxy-" + "".join(c for c in name if c.isalnum())
             proxies[name] = Tree(slug, ROOT, work, upstream.base_url).start()
-            if floor:
-                floors[name] = FloorRelay(work / slug, upstream.port, read_body=True)
+            if floor:  # (a folder each: the relay names its log by its mode alone)
                 (work / slug).mkdir(parents=True, exist_ok=True)
-                floors[name].start()
+                floors[name] = FloorRelay(work / slug, upstream.port, read_body=True).start()
         bodies = {history: bodies_of(history, False, 1, work)[0] for history in (2, 50)}
         for r in range(rounds):
             for name, upstream in upstreams.items():
@@ -137,7 +136,7 @@ def run(rounds: int, duration: float, floor: bool = False) -> dict[str, Any]:
                     relay = floors[name]
                     assert relay.proc is not None
                     targets.append(("floor", relay.port, relay.proc.pid))
-                targets = targets[r % len(targets) :] + targets[: r % len(targets)]
+                targets = rotated(targets, r)
                 for history, body in bodies.items():
                     for concurrency in (1, 32):
                         for via, port, pid in targets:

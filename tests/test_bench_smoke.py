@@ -482,28 +482,28 @@ def test_layers_variants_go_without_what_they_name(tmp_path: Path) -> None:
     without the ledger, no request log line either without ``finish``, no conversation
     identified without the engine), and every one still answers the client as the upstream
     did."""
-    import httpx
+    import openai
+    import orjson
 
     from bench.cpu_ab import KEY, bodies_of
     from bench.layers import LAYERS, LayerTree
     from bench.overhead import FastUpstream
 
     upstream = FastUpstream(tmp_path / "upstream.log").start()
-    body = bodies_of(2, False, 1, tmp_path)[0].read_bytes()
+    body = orjson.loads(bodies_of(2, False, 1, tmp_path)[0].read_bytes())
     seen = {}
     try:
         for layer in LAYERS:
             tree = LayerTree(layer, tmp_path, upstream.base_url).start()
+            client = openai.OpenAI(
+                base_url=f"http://127.0.0.1:{tree.port}/v1", api_key=KEY, timeout=60, max_retries=0
+            )
             try:
-                answer = httpx.post(
-                    f"http://127.0.0.1:{tree.port}/v1/chat/completions",
-                    content=body,
-                    headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
-                    timeout=60,
-                )
+                answer = client.chat.completions.with_raw_response.create(**body)
             finally:
+                client.close()
                 tree.stop()
-            assert answer.status_code == 200 and answer.json()["choices"], layer
+            assert answer.status_code == 200 and answer.parse().choices, layer
             logged = '"msg":"request"' in (tree.tmp / "server.log").read_text()
             ledgered = _ledger_requests(tree.tmp / "store")
             seen[layer] = (logged, "x-compaction-conversation" in answer.headers, ledgered)
