@@ -15,7 +15,6 @@ counted (``WriteFailures``).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import sqlite3
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from proxy.adapters.diskrows import INLINE_BYTES, fetch_row, put_row
+from proxy.adapters.jsonlists import appended
+from proxy.adapters.readcache import ReadCache, open_epochs
 from proxy.adapters.sortedsets import SortedSets
 from proxy.adapters.storevalues import WriteFailures, dump, load
 from proxy.core.errors import StoreError
@@ -80,6 +81,9 @@ class DiskStore(WriteFailures):
                 cull_limit=0,  # culled by ``_cull_now_and_then``, not by every set
             )
             self._sets = SortedSets(path / "index.db")
+            # What this worker read, answering while no process wrote it (#28).
+            epochs = open_epochs(path)
+            self._reads = ReadCache(epochs) if epochs is not None else None
             for name in os.listdir(path):
                 if name.startswith(_FILES):
                     os.chmod(path / name, 0o600)
@@ -161,6 +165,7 @@ class DiskStore(WriteFailures):
         except StoreError as exc:  # the batch's writes cannot be made: counted as one
             raise self._failed_write(exc) from exc
         self._batching.on, self._batching.after = True, []
+        self._batching.changed = set()
         try:
             with self._cache.transact():
                 yield
@@ -169,6 +174,7 @@ class DiskStore(WriteFailures):
         finally:
             self._batching.on = False
             after, self._batching.after = self._batching.after, []
+            self._bump(self._batching.changed)  # committed (or rolled back: a spare miss)
         for fn in after:
             try:
                 fn()
@@ -194,19 +200,43 @@ class DiskStore(WriteFailures):
             return
         self._culled_at = now
         try:
-            self._cache.cull()
+            removed = self._cache.cull()
         except _ERRORS as exc:  # the next interval tries again; nothing was lost
             log.warning("store cull failed", extra={"error": str(exc)})
+            return
+        if removed:  # (maybe evicted past the size limit: values no write changed)
+            self._bump((), everything=True)
 
-    def _transact(self, fn: Callable[[Any], Any]) -> Any:
-        """``fn(cache)`` under one diskcache transaction, as a write."""
+    def _changed(self, key: str) -> None:
+        """``key`` was written (or a write of it was tried): every process's kept read of it
+        goes to the store next time; in a batch, once it is committed."""
+        if getattr(self._batching, "on", False):
+            self._batching.changed.add(key)
+        else:
+            self._bump((key,))
+
+    def _bump(self, keys: Any, everything: bool = False) -> None:
+        reads = self._reads
+        if reads is None:
+            return
+        try:
+            reads.epochs.bump(keys, everything)
+        except OSError as exc:  # other processes may keep a stale read: this one reads on
+            self._reads = None
+            log.warning("store read cache off", extra={"error": str(exc)})
+
+    def _transact(self, fn: Callable[[Any], Any], key: str) -> Any:
+        """``fn(cache)`` under one diskcache transaction, as a write of ``key``."""
 
         def run() -> Any:
             cache = self._cache
             with cache.transact():
                 return fn(cache)
 
-        return self._write(run)
+        try:
+            return self._write(run)
+        finally:
+            self._changed(key)
 
     def get(self, key: str) -> Any:
         return load(self._guard(self._cache.get, key))
@@ -217,36 +247,67 @@ class DiskStore(WriteFailures):
         return self._guard(self._get_many, keys)
 
     def _get_many(self, keys: Sequence[str]) -> dict[str, Any]:
-        # What ``Cache.get`` does on its fast path, which is this cache's (no statistics, an
-        # eviction policy that writes nothing on a read): one indexed SELECT per key, and
-        # the value decoded by diskcache's ``Disk.fetch`` (small values inline, big ones in
-        # files). Keys are ``str``, which diskcache stores as they are (``raw = 1``).
         got: dict[str, Any] = dict.fromkeys(keys)
         if not keys:
             return got
+        now, reads = time.time(), self._reads
+        if reads is None:
+            rows, _ = self._select(keys, now)
+        else:  # what no process wrote since this worker read it answers from memory
+            kept, marks = reads.lookup(keys, now)
+            rows, unkept = self._select(list(marks), now) if marks else ({}, set())
+            reads.keep({k: v for k, v in rows.items() if k not in unkept}, marks)
+            rows.update((key, (raw, None)) for key, raw in kept.items())
+        for key, (raw, _) in rows.items():
+            got[key] = load(raw)
+        return got
+
+    def _select(
+        self, keys: Sequence[str], now: float
+    ) -> tuple[dict[str, tuple[Any, float | None]], set[str]]:
+        """Each key's stored bytes (None when absent or expired) and expiry, and the keys
+        whose value is not bytes kept in the row (in a file, or not written by this store:
+        not for the read cache)."""
+        # What ``Cache.get`` does on its fast path, which is this cache's (no statistics, an
+        # eviction policy that writes nothing on a read): one indexed SELECT for all keys, and
+        # the value decoded by diskcache's ``Disk.fetch`` (small values inline, big ones in
+        # files). Keys are ``str``, which diskcache stores as they are (``raw = 1``).
         cache = self._cache
         marks = ",".join("?" * len(keys))
-        rows = cache._sql(
-            "SELECT key, mode, filename, value FROM Cache WHERE raw = 1 AND key IN "
+        found = cache._sql(
+            "SELECT key, mode, filename, value, expire_time FROM Cache WHERE raw = 1 AND key IN "
             f"({marks}) AND (expire_time IS NULL OR expire_time > ?)",
-            (*keys, time.time()),
+            (*keys, now),
         ).fetchall()
-        for key, mode, filename, value in rows:
+        rows: dict[str, tuple[Any, float | None]] = dict.fromkeys(keys, (None, None))
+        unkept: set[str] = set()
+        for key, mode, filename, value, expires in found:
+            if filename is not None or not isinstance(value, bytes):
+                unkept.add(key)
             try:
-                got[key] = load(cache._disk.fetch(mode, filename, value, False))
+                rows[key] = (cache._disk.fetch(mode, filename, value, False), expires)
             except OSError:  # its file was removed meanwhile: a miss, as for ``Cache.get``
-                pass
-        return got
+                unkept.add(key)
+        return rows, unkept
 
     def set(self, key: str, value: Any, ttl: float | None = None) -> None:
         body = dump(value)
-        self._write(lambda: put_row(self._cache, key, body, ttl))
+        try:
+            self._write(lambda: put_row(self._cache, key, body, ttl))
+        finally:
+            self._changed(key)
 
     def add(self, key: str, value: Any, ttl: float | None = None) -> bool:
-        return bool(self._write(lambda: self._cache.add(key, dump(value), expire=ttl)))
+        try:
+            return bool(self._write(lambda: self._cache.add(key, dump(value), expire=ttl)))
+        finally:
+            self._changed(key)
 
     def delete(self, key: str) -> None:
-        self._write(lambda: self._cache.delete(key))
+        try:
+            self._write(lambda: self._cache.delete(key))
+        finally:
+            self._changed(key)
 
     def incr(self, key: str, delta: float = 1, ttl: float | None = None) -> float:
         def run(cache: Any) -> float:
@@ -255,7 +316,7 @@ class DiskStore(WriteFailures):
             put_row(cache, key, dump(value), ttl)
             return value
 
-        return float(self._transact(run))
+        return float(self._transact(run, key))
 
     def append(self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000) -> None:
         self.extend(key, [item], ttl, max_items)
@@ -267,7 +328,7 @@ class DiskStore(WriteFailures):
 
         def run(cache: Any) -> None:
             raw, count = fetch_row(cache, key)
-            body = _appended(raw, count, items, max_items) if items else None
+            body = appended(raw, count, items, max_items) if items else None
             if body is None:  # absent, written by ``set`` (no count), or not a list
                 current = load(raw)
                 current = current if isinstance(current, list) else []
@@ -278,7 +339,7 @@ class DiskStore(WriteFailures):
                 count = min(count + len(items), max_items)
             put_row(cache, key, body, ttl, count)
 
-        self._transact(run)
+        self._transact(run, key)
 
     def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any:
         """Atomic read-modify-write: ``fn(old or None) -> new``, under one transaction."""
@@ -288,7 +349,7 @@ class DiskStore(WriteFailures):
             put_row(cache, key, dump(value), ttl)
             return value
 
-        return self._transact(run)
+        return self._transact(run, key)
 
     def keys(self, prefix: str) -> Iterator[str]:
         for key in self._guard(list, self._cache.iterkeys()):
@@ -327,58 +388,6 @@ class DiskStore(WriteFailures):
     def close(self) -> None:
         self._sets.close()
         self._cache.close()
-
-
-# How many items may fall off a list's front in one ``extend`` and still be cut from its bytes.
-_CUT_AT_MOST = 16
-_PREFIX = 1 << 16  # the oldest items are looked for in the first 64 KiB first
-
-
-def _appended(raw: Any, count: Any, items: list[Any], max_items: int) -> bytes | None:
-    """The stored list's JSON with ``items`` appended and its oldest cut to ``max_items``,
-    without decoding what stays: None when that cannot be done (then the caller decodes it).
-
-    Why: the ledger appends a request or two per flush to a conversation's list of up to 500
-    (~270 KB); decoding and encoding it whole cost ~1.1 ms of CPU per append (#28). ``count``
-    (the entry's diskcache tag, written by ``extend`` only) is how many items ``raw`` holds;
-    orjson writes a list as ``[`` items joined by ``,`` ``]``, without spaces, so appending is
-    joining bytes, and only the items cut off the front are decoded, to find where they end.
-    """
-    if not isinstance(count, int) or not isinstance(raw, bytes) or raw[:1] != b"[":
-        return None
-    added = dump(items)
-    if count == 0:
-        return added if len(items) <= max_items else None
-    drop = count + len(items) - max_items
-    start = 1  # the stored items begin after "["
-    if drop > 0:
-        if drop > _CUT_AT_MOST or drop >= count:
-            return None
-        cut = _after_items(raw, drop)
-        if cut is None:
-            return None
-        start = cut
-    # One copy, through memoryviews (``a[:-1] + b"," + b[1:]`` of 270 KB took ~2 ms here).
-    return b"".join((b"[", memoryview(raw)[start:-1], b",", memoryview(added)[1:]))
-
-
-def _after_items(raw: bytes, k: int) -> int | None:
-    """Where, in the JSON list ``raw``, the item after the first ``k`` begins (None: not
-    found). A value followed by ``,`` is complete whatever comes after it, so the first
-    64 KiB answer when the ``k`` items end there; else the whole list is decoded."""
-    decoder = json.JSONDecoder()
-    for size in (_PREFIX, len(raw)):
-        # A prefix may end inside a character: that one is dropped ("ignore"); the whole
-        # list is valid UTF-8 (orjson wrote it) and is decoded strictly.
-        text = raw[:size].decode(errors="ignore" if size < len(raw) else "strict")
-        try:
-            end = 0
-            for _ in range(k):
-                _, end = decoder.raw_decode(text, end + 1)  # after "[" or ","
-                if text[end] != ",":
-                    return None
-            return len(text[: end + 1].encode())
-        except (ValueError, IndexError, RecursionError):
-            if size >= len(raw):
-                return None
-    return None
+        reads, self._reads = self._reads, None  # (a read after this queries, as before)
+        if reads is not None:
+            reads.epochs.close()

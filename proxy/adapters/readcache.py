@@ -1,0 +1,163 @@
+"""What a worker read from its disk store, kept in memory while no process has written it (#28).
+
+Why: a request of a known conversation reads ~8 keys (its compaction record, checkpoints,
+cooldown, tracker...), and the SQLite query and decoding cost ~60 us of the ~430 us of CPU
+a request took (docs/benchmarks.md); nearly always nothing wrote them since the last request.
+
+How the store stays the source of truth across worker processes: beside the databases lies
+``cache.db-epochs``, a file of ``SLOTS`` counters that every process opening the store reads
+and writes. Each key hashes (CRC-32, the same in every process) to one counter, and every
+write through ``DiskStore`` adds one to its key's counter *after* its transaction committed
+(``Epochs.bump``, under an exclusive ``lockf`` so two processes never lose an increment). A
+read takes the key's counter *before* its query and keeps the value with it; the value
+answers again only while the counter is unchanged, so a write by any process, committed
+before or during that query, makes the next read go to the store. Keys that share a counter
+only cost each other a query. One more counter (``EVERYTHING``) is bumped when a cull may
+have evicted values nobody wrote; an expired value is never answered (its expiry is kept
+with it).
+
+Kept as the bytes read and decoded on each answer, so no caller can change what the next one
+gets. Bounded: ``max_entries`` keys and ``max_bytes`` of values, the longest-kept dropped
+first; a value over ``MAX_VALUE_BYTES`` is not kept. Without ``fcntl`` (Windows) there is no
+cache: every read queries, as before.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not on the platforms CI runs
+    fcntl = None  # type: ignore[assignment]
+
+# Beside the database as SQLite's own "-wal" and "-shm" are: diskcache's ``check`` takes a
+# file whose name holds "cache.db" for its own (any other it reports, and with ``fix`` removes).
+FILE = "cache.db-epochs"
+SLOTS = 1 << 16
+EVERYTHING = SLOTS  # the counter after the keys': bumped when values may be gone unwritten
+_COUNTER = struct.Struct("<Q")
+MAX_VALUE_BYTES = 256 * 1024
+
+# (the key's counter, the value read then, the whole store's counter then, expiry or None,
+# the value's bytes or None when absent)
+Entry = tuple[int, int, int, float | None, bytes | None]
+
+
+def slot(key: str) -> int:
+    """The counter of ``key``: the same in every process (``hash`` is not)."""
+    return zlib.crc32(key.encode()) & (SLOTS - 1)
+
+
+class Epochs:
+    """The counters of one store folder, shared by every process that opens the file.
+
+    Read and written with ``pread``/``pwrite`` (~1 us each), not mapped: a mapped file that
+    someone truncates (an operator's restore, a corrupted folder) kills the process on its
+    next read (SIGBUS); a short read here is a counter that matches nothing kept."""
+
+    def __init__(self, directory: Path) -> None:
+        fd = os.open(directory / FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        # A file object: closed when dropped (a store reopened after its folder was deleted
+        # lets the old one go while another thread may still read it).
+        self._file = os.fdopen(fd, "r+b", buffering=0)
+        self._fd = fd
+
+    def read(self, index: int) -> int:
+        """The counter now; -1 (which no read keeps) when the file was cut short."""
+        raw = os.pread(self._fd, 8, index * 8)
+        return int(_COUNTER.unpack(raw)[0]) if len(raw) == 8 else -1
+
+    def bump(self, keys: Iterable[str], everything: bool = False) -> None:
+        """One more on each of ``keys``' counters (and the whole store's): call it after the
+        write committed. Serialised across processes: a read-add-write of a counter that two
+        processes interleaved could move it back to a value a reader holds."""
+        slots = {slot(key) for key in keys}
+        if everything:
+            slots.add(EVERYTHING)
+        if not slots:
+            return
+        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        try:
+            for index in slots:  # (a counter past a cut-short end is written from 0)
+                os.pwrite(self._fd, _COUNTER.pack(max(self.read(index), 0) + 1), index * 8)
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def open_epochs(directory: Path) -> Epochs | None:
+    """The folder's counters, or None where they cannot be shared (no ``fcntl``)."""
+    return Epochs(directory) if fcntl is not None else None
+
+
+class ReadCache:
+    """Values read from one store, each answering while its counters are unchanged."""
+
+    def __init__(
+        self, epochs: Epochs, max_entries: int = 4096, max_bytes: int = 8 * 1024 * 1024
+    ) -> None:
+        self.epochs = epochs
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._entries: dict[str, Entry] = {}
+        self._bytes = 0
+        self._lock = threading.Lock()  # the loop's thread and worker threads read
+
+    def lookup(
+        self, keys: Iterable[str], now: float
+    ) -> tuple[dict[str, bytes | None], dict[str, tuple[int, int, int]]]:
+        """The kept bytes of the keys still valid, and for the others their counters now
+        (read before the caller's query: ``keep`` takes them)."""
+        read, everything = self.epochs.read, self.epochs.read(EVERYTHING)
+        found: dict[str, bytes | None] = {}
+        marks: dict[str, tuple[int, int, int]] = {}
+        entries = self._entries
+        for key in keys:
+            entry = entries.get(key)
+            if entry is not None:
+                index, epoch, whole, expires, raw = entry
+                if (
+                    read(index) == epoch
+                    and whole == everything
+                    and (expires is None or expires > now)
+                ):
+                    found[key] = raw
+                    continue
+            index = slot(key)
+            marks[key] = (index, read(index), everything)
+        return found, marks
+
+    def keep(
+        self,
+        rows: dict[str, tuple[bytes | None, float | None]],
+        marks: dict[str, tuple[int, int, int]],
+    ) -> None:
+        """Keep what the query found (``rows``: key -> bytes or None when absent, expiry)
+        with the counters ``lookup`` read before it."""
+        with self._lock:
+            entries = self._entries
+            for key, (raw, expires) in rows.items():
+                size = len(raw) if raw is not None else 0
+                mark = marks.get(key)
+                if size > MAX_VALUE_BYTES or mark is None or min(mark[1:]) < 0:
+                    continue  # (a counter of a file cut short: kept, it would match again)
+                old = entries.pop(key, None)
+                if old is not None:
+                    self._bytes -= len(old[4] or b"")
+                index, epoch, whole = mark
+                entries[key] = (index, epoch, whole, expires, raw)
+                self._bytes += size
+            while entries and (len(entries) > self.max_entries or self._bytes > self.max_bytes):
+                dropped = entries.pop(next(iter(entries)))
+                self._bytes -= len(dropped[4] or b"")
+
+    def stats(self) -> dict[str, Any]:
+        return {"entries": len(self._entries), "bytes": self._bytes}
