@@ -42,6 +42,7 @@ except ImportError:  # pragma: no cover - not on the platforms CI runs
 FILE = "cache.db-epochs"
 SLOTS = 1 << 16
 EVERYTHING = SLOTS  # the counter after the keys': bumped when values may be gone unwritten
+SIZE = (SLOTS + 1) * 8
 _COUNTER = struct.Struct("<Q")
 MAX_VALUE_BYTES = 256 * 1024
 
@@ -68,6 +69,8 @@ class Epochs:
         # lets the old one go while another thread may still read it).
         self._file = os.fdopen(fd, "r+b", buffering=0)
         self._fd = fd
+        if os.fstat(fd).st_size < SIZE:  # new: zeros (a process racing here sets the same size)
+            os.ftruncate(fd, SIZE)
 
     def read(self, index: int) -> int:
         """The counter now; -1 (which no read keeps) when the file was cut short."""
