@@ -20,7 +20,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +205,7 @@ class DiskStore(WriteFailures):
             log.warning("store cull failed", extra={"error": str(exc)})
             return
         if removed:  # (maybe evicted past the size limit: values no write changed)
-            self._bump((), everything=True)
+            self._bump(None)
 
     def _changed(self, key: str) -> None:
         """``key`` was written (or a write of it was tried): every process's kept read of it
@@ -215,12 +215,16 @@ class DiskStore(WriteFailures):
         else:
             self._bump((key,))
 
-    def _bump(self, keys: Any, everything: bool = False) -> None:
+    def _bump(self, keys: Iterable[str] | None) -> None:
+        """Bump ``keys``' counters (``proxy.adapters.readcache``); None: every counter."""
         reads = self._reads
         if reads is None:
             return
         try:
-            reads.epochs.bump(keys, everything)
+            if keys is None:
+                reads.epochs.bump_all()
+            else:
+                reads.epochs.bump(keys)
         except OSError as exc:  # other processes may keep a stale read: this one reads on
             self._reads = None
             log.warning("store read cache off", extra={"error": str(exc)})

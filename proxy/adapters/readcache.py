@@ -1,20 +1,22 @@
 """What a worker read from its disk store, kept in memory while no process has written it (#28).
 
 Why: a request of a known conversation reads ~8 keys (its compaction record, checkpoints,
-cooldown, tracker...), and the SQLite query and decoding cost ~60 us of the ~430 us of CPU
-a request took (docs/benchmarks.md); nearly always nothing wrote them since the last request.
+cooldown, tracker...); the SQLite query and decoding were ~40 us of the ~430 us of CPU a
+request took (docs/benchmarks.md), and nearly always nothing wrote those keys since the last
+request of the conversation.
 
 How the store stays the source of truth across worker processes: beside the databases lies
 ``cache.db-epochs``, a file of ``SLOTS`` counters that every process opening the store reads
-and writes. Each key hashes (CRC-32, the same in every process) to one counter, and every
+and writes. Each key has one counter (``slot``: CRC-32, the same in every process), and every
 write through ``DiskStore`` adds one to its key's counter *after* its transaction committed
 (``Epochs.bump``, under an exclusive ``lockf`` so two processes never lose an increment). A
 read takes the key's counter *before* its query and keeps the value with it; the value
 answers again only while the counter is unchanged, so a write by any process, committed
 before or during that query, makes the next read go to the store. Keys that share a counter
-only cost each other a query. One more counter (``EVERYTHING``) is bumped when a cull may
-have evicted values nobody wrote; an expired value is never answered (its expiry is kept
-with it).
+only cost each other a query. A cull that may have evicted values nobody wrote bumps every
+counter (``bump_all``); an expired value is never answered (its expiry is kept with it).
+The keys of one conversation (``kind:tenant:conversation``) have their counters side by side,
+``BLOCK`` of them, so a request's lookup reads them in one ``pread``.
 
 Kept as the bytes read and decoded on each answer, so no caller can change what the next one
 gets. Bounded: ``max_entries`` keys and ``max_bytes`` of values, the longest-kept dropped
@@ -41,19 +43,25 @@ except ImportError:  # pragma: no cover - not on the platforms CI runs
 # file whose name holds "cache.db" for its own (any other it reports, and with ``fix`` removes).
 FILE = "cache.db-epochs"
 SLOTS = 1 << 16
-EVERYTHING = SLOTS  # the counter after the keys': bumped when values may be gone unwritten
-SIZE = (SLOTS + 1) * 8
+BLOCK = 32  # counters per block: a conversation's keys' (their kinds hash apart within it)
+SIZE = SLOTS * 8
 _COUNTER = struct.Struct("<Q")
+_BLOCK_BYTES = BLOCK * 8
+# One added to each 8-byte little-endian counter of the file at once: counters never reach
+# 2**64, so no carry crosses from one to the next.
+_ONE_EACH = int.from_bytes(_COUNTER.pack(1) * SLOTS, "little")
 MAX_VALUE_BYTES = 256 * 1024
 
-# (the key's counter, the value read then, the whole store's counter then, expiry or None,
-# the value's bytes or None when absent)
-Entry = tuple[int, int, int, float | None, bytes | None]
+# (the key's counter, its value when read, expiry or None, the value's bytes or None: absent)
+Entry = tuple[int, int, float | None, bytes | None]
 
 
 def slot(key: str) -> int:
-    """The counter of ``key``: the same in every process (``hash`` is not)."""
-    return zlib.crc32(key.encode()) & (SLOTS - 1)
+    """The counter of ``key``: the same in every process (``hash`` is not). A conversation's
+    keys (``kind:tenant:conversation``) fall in one block, a place in it for each kind."""
+    kind, _, rest = key.partition(":")
+    block = zlib.crc32(rest.encode()) % (SLOTS // BLOCK)
+    return block * BLOCK + (zlib.crc32(kind.encode()) & (BLOCK - 1))
 
 
 class Epochs:
@@ -74,16 +82,17 @@ class Epochs:
 
     def read(self, index: int) -> int:
         """The counter now; -1 (which no read keeps) when the file was cut short."""
-        raw = os.pread(self._fd, 8, index * 8)
-        return int(_COUNTER.unpack(raw)[0]) if len(raw) == 8 else -1
+        return counter(self.block(index // BLOCK), index)
 
-    def bump(self, keys: Iterable[str], everything: bool = False) -> None:
-        """One more on each of ``keys``' counters (and the whole store's): call it after the
-        write committed. Serialised across processes: a read-add-write of a counter that two
-        processes interleaved could move it back to a value a reader holds."""
+    def block(self, number: int) -> bytes:
+        """The counters of block ``number`` as stored (short when the file was cut short)."""
+        return os.pread(self._fd, _BLOCK_BYTES, number * _BLOCK_BYTES)
+
+    def bump(self, keys: Iterable[str]) -> None:
+        """One more on each of ``keys``' counters: call it after the write committed.
+        Serialised across processes: a read-add-write of a counter that two processes
+        interleaved could move it back to a value a reader holds."""
         slots = {slot(key) for key in keys}
-        if everything:
-            slots.add(EVERYTHING)
         if not slots:
             return
         fcntl.lockf(self._fd, fcntl.LOCK_EX)
@@ -93,8 +102,24 @@ class Epochs:
         finally:
             fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
+    def bump_all(self) -> None:
+        """One more on every counter (values may be gone that no write removed)."""
+        fcntl.lockf(self._fd, fcntl.LOCK_EX)
+        try:
+            now = os.pread(self._fd, SIZE, 0).ljust(SIZE, b"\0")
+            bumped = int.from_bytes(now, "little") + _ONE_EACH
+            os.pwrite(self._fd, bumped.to_bytes(SIZE, "little"), 0)
+        finally:
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
+
     def close(self) -> None:
         self._file.close()
+
+
+def counter(block: bytes, index: int) -> int:
+    """Counter ``index`` in its ``block``'s bytes; -1 when they were cut short."""
+    at = (index % BLOCK) * 8
+    return int(_COUNTER.unpack_from(block, at)[0]) if len(block) >= at + 8 else -1
 
 
 def open_epochs(directory: Path) -> Epochs | None:
@@ -116,32 +141,31 @@ class ReadCache:
 
     def lookup(
         self, keys: Iterable[str], now: float
-    ) -> tuple[dict[str, bytes | None], dict[str, tuple[int, int, int]]]:
+    ) -> tuple[dict[str, bytes | None], dict[str, tuple[int, int]]]:
         """The kept bytes of the keys still valid, and for the others their counters now
         (read before the caller's query: ``keep`` takes them)."""
-        read, everything = self.epochs.read, self.epochs.read(EVERYTHING)
+        blocks: dict[int, bytes] = {}  # read once per lookup: usually one for all the keys
         found: dict[str, bytes | None] = {}
-        marks: dict[str, tuple[int, int, int]] = {}
+        marks: dict[str, tuple[int, int]] = {}
         entries = self._entries
         for key in keys:
             entry = entries.get(key)
-            if entry is not None:
-                index, epoch, whole, expires, raw = entry
-                if (
-                    read(index) == epoch
-                    and whole == everything
-                    and (expires is None or expires > now)
-                ):
-                    found[key] = raw
-                    continue
-            index = slot(key)
-            marks[key] = (index, read(index), everything)
+            index = entry[0] if entry is not None else slot(key)
+            number = index // BLOCK
+            block = blocks.get(number)
+            if block is None:
+                block = blocks[number] = self.epochs.block(number)
+            now_at = counter(block, index)
+            if entry is not None and entry[1] == now_at and (entry[2] is None or entry[2] > now):
+                found[key] = entry[3]
+            else:
+                marks[key] = (index, now_at)
         return found, marks
 
     def keep(
         self,
         rows: dict[str, tuple[bytes | None, float | None]],
-        marks: dict[str, tuple[int, int, int]],
+        marks: dict[str, tuple[int, int]],
     ) -> None:
         """Keep what the query found (``rows``: key -> bytes or None when absent, expiry)
         with the counters ``lookup`` read before it."""
@@ -150,17 +174,16 @@ class ReadCache:
             for key, (raw, expires) in rows.items():
                 size = len(raw) if raw is not None else 0
                 mark = marks.get(key)
-                if size > MAX_VALUE_BYTES or mark is None or min(mark[1:]) < 0:
+                if size > MAX_VALUE_BYTES or mark is None or mark[1] < 0:
                     continue  # (a counter of a file cut short: kept, it would match again)
                 old = entries.pop(key, None)
                 if old is not None:
-                    self._bytes -= len(old[4] or b"")
-                index, epoch, whole = mark
-                entries[key] = (index, epoch, whole, expires, raw)
+                    self._bytes -= len(old[3] or b"")
+                entries[key] = (*mark, expires, raw)
                 self._bytes += size
             while entries and (len(entries) > self.max_entries or self._bytes > self.max_bytes):
                 dropped = entries.pop(next(iter(entries)))
-                self._bytes -= len(dropped[4] or b"")
+                self._bytes -= len(dropped[3] or b"")
 
     def stats(self) -> dict[str, Any]:
         return {"entries": len(self._entries), "bytes": self._bytes}
