@@ -124,22 +124,22 @@ def test_a_value_the_cull_evicted_is_not_answered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = DiskStore(tmp_path / "store", size_limit=256 * 1024)
+    kept, others = KEYS[0], [f"hist:tenant-b:conv-{i}" for i in range(1, 40)]
+    assert readcache.slot(kept) not in {readcache.slot(k) for k in others}  # no write bumps it
     try:
-        store.set("k0", {"text": "x" * 20_000})
-        assert store.get_many(["k0"]) == {"k0": {"text": "x" * 20_000}}
+        store.set(kept, {"text": "x" * 20_000})
+        assert store.get_many([kept]) == {kept: {"text": "x" * 20_000}}
         monkeypatch.setattr(diskstore, "CULL_INTERVAL_S", 0.0)
-        with store.batch():  # other keys only, past the limit: the cull evicts k0
-            for i in range(1, 40):
-                store.set(f"k{i}", {"text": "x" * 20_000})
-        assert store.get("k0") is None
-        assert store.get_many(["k0"]) == {"k0": None}
+        with store.batch():  # other keys only, past the limit: the cull evicts the first
+            for key in others:
+                store.set(key, {"text": "x" * 20_000})
+        assert store.get(kept) is None
+        assert store.get_many([kept]) == {kept: None}
     finally:
         store.close()
 
 
-def test_a_counters_file_cut_short_keeps_nothing(
-    tmp_path: Path, queries: list[list[str]]
-) -> None:
+def test_a_counters_file_cut_short_keeps_nothing(tmp_path: Path, queries: list[list[str]]) -> None:
     store = DiskStore(tmp_path / "store")
     try:
         store.set(KEYS[0], 1)
