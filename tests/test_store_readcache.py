@@ -5,6 +5,7 @@ counters' file cut short. Checked on what the store answers, and on the SQL quer
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -199,5 +200,18 @@ def test_memory_is_bounded(tmp_path: Path) -> None:
         store.set("big", big)
         assert store.get_many(["big"]) == {"big": big}
         assert "big" not in store._reads._entries
+    finally:
+        store.close()
+
+
+def test_a_store_folder_deleted_and_made_again_forgets_what_it_read(tmp_path: Path) -> None:
+    store = DiskStore(tmp_path / "store")
+    try:
+        store.set(KEYS[0], "before")
+        assert store.get_many(KEYS[:1]) == {KEYS[0]: "before"}
+        shutil.rmtree(tmp_path / "store")  # an operator cleaning up under a running proxy
+        store.set("another", 1)  # the next write opens the store again, empty
+        assert store.recreated is not None
+        assert store.get_many(KEYS[:1]) == {KEYS[0]: None}
     finally:
         store.close()
