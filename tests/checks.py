@@ -44,6 +44,12 @@ def summary_index(messages: list[dict[str, Any]]) -> int | None:
     return None
 
 
+def summary_text(messages: list[dict[str, Any]]) -> str | None:
+    """The text of the summary message in ``messages`` (None: there is none)."""
+    i = summary_index(messages)
+    return None if i is None else str(messages[i]["content"])
+
+
 def assert_tool_calls_intact(messages: list[dict[str, Any]]) -> None:
     """Every assistant tool call is answered right after it; no orphan tool result."""
     issued: set[str] = set()

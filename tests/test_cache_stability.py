@@ -20,7 +20,7 @@ from proxy.core.stability import StabilityState, TierThresholds
 from proxy.core.tokens import TokenCounter
 from proxy.engine.compactor import Compactor
 from proxy.operators import ledger
-from tests.checks import INLINE, assert_forwarded_faithful, summary_index
+from tests.checks import INLINE, assert_forwarded_faithful, summary_index, summary_text
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
@@ -144,14 +144,6 @@ def _drive(px: ProxyProcess, model: str, turns: int, key: str = "sk-cache") -> l
     return sent
 
 
-def _summary_of(messages: list[dict[str, Any]]) -> str | None:
-    i = summary_index(messages)
-    if i is None:
-        return None
-    content = messages[i]["content"]
-    return content if isinstance(content, str) else orjson.dumps(content).decode()
-
-
 def test_sixty_turns_keep_the_prefix_cached_between_compactions(tmp_path: Path) -> None:
     with ScriptedUpstream(count_tokens=lambda m: _counter.count_total(m, MODEL)) as up:
         with ProxyProcess(
@@ -168,7 +160,7 @@ def test_sixty_turns_keep_the_prefix_cached_between_compactions(tmp_path: Path) 
         requests = up.chat_requests()
         assert len(requests) == len(sent) == len(up.cached_log)
         forwarded = [r.json["messages"] for r in requests]
-        summaries = [_summary_of(f) for f in forwarded]
+        summaries = [summary_text(f) for f in forwarded]
         compactions = [i for i in range(1, len(summaries)) if summaries[i] != summaries[i - 1]]
         # Each compaction leaves at most half the trigger (compact_to_share, #25: no
         # treadmill), so 60 turns make two; before, with a 6,000-token window, they made 4.
@@ -231,7 +223,7 @@ def test_anthropic_breakpoints_at_tier_ends_and_replaced_after_compaction(tmp_pa
         ) as px:
             sent = _drive(px, CLAUDE, 30)
             forwarded = [r.json["messages"] for r in up.chat_requests()]
-            summaries = [_summary_of(_unmarked(f)) for f in forwarded]
+            summaries = [summary_text(_unmarked(f)) for f in forwarded]
             re_placed = 0
             for i, fwd in enumerate(forwarded):
                 marks = _mark_positions(fwd)

@@ -14,7 +14,7 @@ import openai
 import orjson
 
 from proxy.core.tokens import TokenCounter
-from tests.checks import assert_forwarded_faithful, summary_index
+from tests.checks import assert_forwarded_faithful, summary_text
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess
 from tests.upstream import ScriptedUpstream
@@ -28,14 +28,6 @@ COMPACTION = {
     "mode": "inline",
 }
 _counter = TokenCounter()
-
-
-def _summary_of(messages: list[dict[str, Any]]) -> str | None:
-    i = summary_index(messages)
-    if i is None:
-        return None
-    content = messages[i]["content"]
-    return content if isinstance(content, str) else orjson.dumps(content).decode()
 
 
 def test_two_workers_follow_each_others_compactions(tmp_path: Path) -> None:
@@ -63,7 +55,7 @@ def test_two_workers_follow_each_others_compactions(tmp_path: Path) -> None:
         requests = up.chat_requests()
     assert len(requests) == len(sent)
     forwarded = [r.json["messages"] for r in requests]
-    summaries = [_summary_of(f) for f in forwarded]
+    summaries = [summary_text(f) for f in forwarded]
     first = next((i for i, s in enumerate(summaries) if s is not None), None)
     assert first is not None, "no compaction happened"
     # The worker that did not compact had read the conversation's checkpoints (none) and
