@@ -140,20 +140,34 @@ def test_a_value_the_cull_evicted_is_not_answered(
         store.close()
 
 
-def test_a_counters_file_cut_short_keeps_nothing(tmp_path: Path, queries: list[list[str]]) -> None:
-    store = DiskStore(tmp_path / "store")
+def test_a_counters_file_cut_short_keeps_nothing_and_counts_on_past_it(
+    tmp_path: Path, queries: list[list[str]]
+) -> None:
+    store, other = DiskStore(tmp_path / "store"), DiskStore(tmp_path / "store")
     try:
-        store.set(KEYS[0], 1)
+        store.set(KEYS[0], 1)  # its counter: 1
+        assert store.get_many(KEYS[:1]) == {KEYS[0]: 1}  # kept at 1
         (tmp_path / "store" / readcache.FILE).write_bytes(b"")  # (what a restore may do)
-        assert store.get_many(KEYS[:1]) == {KEYS[0]: 1}
-        assert store.get_many(KEYS[:1]) == {KEYS[0]: 1}
-        assert len(queries) == 2  # no counter to check it against: read each time
-        store.set(KEYS[0], 2)  # a write makes the counter again
+        other.set(KEYS[0], 2)  # counted again from 0 it would be 1: the value kept would match
+        assert store.get_many(KEYS[:1]) == {KEYS[0]: 2}
+        (tmp_path / "store" / readcache.FILE).write_bytes(b"")
         assert store.get_many(KEYS[:1]) == {KEYS[0]: 2}
         assert store.get_many(KEYS[:1]) == {KEYS[0]: 2}
-        assert len(queries) == 3
+        assert len(queries) == 4  # no counter to check it against: read each time
+        other.set(KEYS[0], 3)  # a write makes the counter again
+        assert store.get_many(KEYS[:1]) == {KEYS[0]: 3}
+        assert store.get_many(KEYS[:1]) == {KEYS[0]: 3}
+        assert len(queries) == 5
+        other.set(KEYS[1], "evicted")  # its counter: 1
+        assert store.get_many(KEYS[1:2]) == {KEYS[1]: "evicted"}  # kept at 1
+        (tmp_path / "store" / readcache.FILE).write_bytes(b"")
+        other._cache.delete(KEYS[1])  # gone with no write of ours: as the cull evicts
+        assert other._reads is not None
+        other._reads.epochs.bump_all()  # what the cull then does: from 0, all would be 1
+        assert store.get_many(KEYS[1:2]) == {KEYS[1]: None}
     finally:
         store.close()
+        other.close()
 
 
 def test_two_processes_never_lose_a_bump(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Iterable
 from pathlib import Path
@@ -97,8 +98,10 @@ class Epochs:
             return
         fcntl.lockf(self._fd, fcntl.LOCK_EX)
         try:
-            for index in slots:  # (a counter past a cut-short end is written from 0)
-                os.pwrite(self._fd, _COUNTER.pack(max(self.read(index), 0) + 1), index * 8)
+            for index in slots:
+                now = self.read(index)
+                after = now + 1 if now >= 0 else _afresh()
+                os.pwrite(self._fd, _COUNTER.pack(after), index * 8)
         finally:
             fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
@@ -106,14 +109,23 @@ class Epochs:
         """One more on every counter (values may be gone that no write removed)."""
         fcntl.lockf(self._fd, fcntl.LOCK_EX)
         try:
-            now = os.pread(self._fd, SIZE, 0).ljust(SIZE, b"\0")
-            bumped = int.from_bytes(now, "little") + _ONE_EACH
-            os.pwrite(self._fd, bumped.to_bytes(SIZE, "little"), 0)
+            now = os.pread(self._fd, SIZE, 0)
+            if len(now) < SIZE:
+                after = _COUNTER.pack(_afresh()) * SLOTS
+            else:
+                after = (int.from_bytes(now, "little") + _ONE_EACH).to_bytes(SIZE, "little")
+            os.pwrite(self._fd, after, 0)
         finally:
             fcntl.lockf(self._fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         self._file.close()
+
+
+def _afresh() -> int:
+    """A counter's value after its file was cut short: past any it had before (which readers
+    may hold), so not counted again from 0. The clock in nanoseconds: ~1.8e18, far from 2**64."""
+    return time.time_ns()
 
 
 def counter(block: bytes, index: int) -> int:
