@@ -14,7 +14,9 @@ read takes the key's counter *before* its query and keeps the value with it; the
 answers again only while the counter is unchanged, so a write by any process, committed
 before or during that query, makes the next read go to the store. Keys that share a counter
 only cost each other a query. A cull that may have evicted values nobody wrote bumps every
-counter (``bump_all``); an expired value is never answered (its expiry is kept with it).
+counter (``bump_all``); an expired value is never answered (its expiry is kept with it). A
+counters' file cut short (a restore, a corrupted folder) is read as no counter, and a write
+then starts the counter past any value it had, never from 0.
 The keys of one conversation (``kind:tenant:conversation``) have their counters side by side,
 ``BLOCK`` of them, so a request's lookup reads them in one ``pread``.
 
