@@ -1,7 +1,7 @@
 """The proxy's CPU per request, two source trees side by side (#28).
 
     python -m bench.cpu_ab --before /tmp/before [--after .] [--rounds 5] [--duration 2]
-        [--concurrency 8] [--floor] [--agent] [--json PATH]
+        [--concurrency 8] [--floor] [--agent] [--drip-events N --drip-ms M] [--json PATH]
 
 One fast upstream (``bench.upstream_fast``) and one ``compaction-proxy serve`` per tree (the
 tree first on ``PYTHONPATH``, one worker, a diskcache store, the default config), each fed
@@ -20,7 +20,10 @@ with ``--read-body`` (uvloop, httptools, every body parsed by orjson) in the sam
 most in production. ``--subst N`` (repeatable) adds the N-message body of a conversation
 past the trigger with its compaction in effect (compacted once, as ``bench.overhead``'s
 substitution rows are, into a store each tree starts from): a long session's request, whose
-body is over ``OFFLOAD_BYTES`` from ~270 messages on. Nothing is asserted.
+body is over ``OFFLOAD_BYTES`` from ~270 messages on. ``--drip-events N --drip-ms M``
+measures streams only, each answered as a provider sends one: N events, a write each, M ms
+apart (``bench.upstream_fast --drip-events``); a proxy busy for longer than M reads several
+at once. Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -203,9 +206,10 @@ def run(
     conversations: int = 1,
     agent: bool = False,
     subst: tuple[int, ...] = (),
+    drip: tuple[int, float] = (0, 1.0),
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-ab-"))
-    upstream = FastUpstream(work / "upstream.log").start()
+    upstream = FastUpstream(work / "upstream.log", drip_events=drip[0], drip_ms=drip[1]).start()
     seed = work / "seeded-store" if subst else None
     if seed is not None:  # the compactions every tree starts from
         seed_records(work, upstream, subst, seed, key=KEY)
@@ -226,7 +230,7 @@ def run(
                 history, stream, 1 if str(history).startswith(SUBST) else conversations, work
             )
             for history in histories
-            for stream in (False, True)
+            for stream in ((True,) if drip[0] else (False, True))  # (a drip is a stream)
         }
         for r in range(rounds):
             order = rotated(servers, r)
@@ -256,13 +260,21 @@ def run(
         "load_average": os.getloadavg(),
         "concurrency": concurrency,
         "conversations": conversations,
+        "drip_events": drip[0],
+        "drip_ms": drip[1],
     }
 
 
 def markdown(results: dict[str, Any]) -> str:
     out = [
         f"concurrency {results['concurrency']}, {results['conversations']} conversation(s); "
-        "load average at the end " + ", ".join(f"{x:.2f}" for x in results["load_average"]),
+        + (
+            f"streams of {results['drip_events']} events {results['drip_ms']:g} ms apart; "
+            if results.get("drip_events")
+            else ""
+        )
+        + "load average at the end "
+        + ", ".join(f"{x:.2f}" for x in results["load_average"]),
         "",
         "| tree | history (msgs) | stream | CPU us per request | req/s | p50 ms | errors |",
         "|---|---:|---|---:|---:|---:|---:|",
@@ -302,6 +314,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="also the N-message body of a compacted conversation (repeatable)",
     )
+    parser.add_argument(
+        "--drip-events",
+        type=int,
+        default=0,
+        metavar="N",
+        help="streams only, the upstream sending each as N events, a write each",
+    )
+    parser.add_argument("--drip-ms", type=float, default=1.0, help="the time between them")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
@@ -314,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         args.conversations,
         args.agent,
         tuple(args.subst),
+        (args.drip_events, args.drip_ms),
     )
     return report(results, args.json, markdown)
 

@@ -147,9 +147,12 @@ def start_ready(
 class FastUpstream:
     """``python -m bench.upstream_fast`` on a free port of 127.0.0.1."""
 
-    def __init__(self, log_path: Path, delay_ms: float = 0.0) -> None:
+    def __init__(
+        self, log_path: Path, delay_ms: float = 0.0, drip_events: int = 0, drip_ms: float = 1.0
+    ) -> None:
         self.log_path = log_path
         self.delay_ms = delay_ms
+        self.drip = ["--drip-events", str(drip_events), "--drip-ms", str(drip_ms)]
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -159,6 +162,7 @@ class FastUpstream:
 
     def start(self) -> FastUpstream:
         module = ["bench.upstream_fast", "--port", "0", "--delay-ms", str(self.delay_ms)]
+        module += self.drip  # (streams as providers send them: an event a write)
         self.proc, self.port = start_ready(module, self.log_path, "fast upstream")
         return self
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.server import sse
-from proxy.server.sse import EventSplitter, is_terminal
+from proxy.server.sse import EventSplitter, events_of, is_terminal, may_matter
 
 # The definition: an event ends at the first blank line (LF, CRLF or CR line ends, mixed).
 BLANK = re.compile(rb"\r\n\r\n|\n\n|\r\n\n|\n\r\n|\r\r")
@@ -60,6 +60,47 @@ def test_events_are_split_as_the_definition_splits_them(
     assert all(BLANK.search(event) is not None for event in events)
     if lf_only:  # (with CRs a cut between CR and LF may close an event sooner: CR CR)
         assert (events, rest) == reference(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(st.tuples(LINE_PIECES, st.sampled_from([b"\n", b"\r\n", b"\r"])), max_size=12),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=6),
+    lf_only=st.booleans(),
+)
+def test_a_read_s_events_joined_are_what_feed_gives_and_split_back_into_them(
+    pieces: list[tuple[bytes, bytes]], cuts: list[int], lf_only: bool
+) -> None:
+    """``complete`` (what the relay passes on per read, #28) is ``feed``'s events joined,
+    however the stream is cut, and ``events_of`` gives them back one by one."""
+    data = b"".join(text + (b"\n" if lf_only else end) for text, end in pieces)
+    by_feed, by_complete = EventSplitter(), EventSplitter()
+    last = 0
+    for cut in sorted({min(c, len(data)) for c in cuts}) + [len(data)]:
+        events = by_feed.feed(data[last:cut])
+        joined = by_complete.complete(data[last:cut])
+        assert joined == b"".join(events)
+        assert b"".join(events_of(joined)) == joined
+        if lf_only:
+            assert events_of(joined) == events
+        last = cut
+    assert by_complete.flush() == by_feed.flush()
+
+
+def test_a_read_is_looked_at_event_by_event_only_when_it_may_carry_usage_or_the_end() -> None:
+    middle = b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n' * 20
+    assert not may_matter(middle)
+    for last in (
+        b"data: [DONE]\n\n",
+        b'data: {"choices":[],"usage":{"prompt_tokens":3}}\n\n',
+        b'event: message_stop\ndata: {"type":"message_stop"}\n\n',
+        b'event: response.completed\ndata: {"type":"response.completed"}\n\n',
+        b'event: response.incomplete\ndata: {"type":"response.incomplete"}\n\n',
+        b'event: response.failed\ndata: {"type":"response.failed"}\n\n',
+    ):
+        assert may_matter(middle + last)
+        # Whatever is terminal is caught by the quick test first.
+        assert not is_terminal(last) or may_matter(last)
 
 
 def test_a_provider_s_stream_read_event_by_event() -> None:

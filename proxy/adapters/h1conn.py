@@ -154,12 +154,23 @@ class Conn(asyncio.Protocol):
                 timer.cancel()
 
     def take(self) -> bytes:
-        chunk = self.chunks.popleft()
-        self.buffered -= len(chunk)
-        if self.paused and self.buffered <= HIGH_WATER // 2 and self.transport is not None:
+        """Every body chunk that arrived so far, as one (``chunks`` must not be empty).
+
+        One read of a stream often holds many HTTP chunks (a provider writes an event a
+        chunk, and events queue while the loop is busy): taken one by one, each went through
+        the relay's generators, its event split and its write on its own, ~8 us of Python a
+        chunk (#28). Joined, what the relay does per chunk it does once per read."""
+        chunks = self.chunks
+        if len(chunks) == 1:
+            data = chunks.popleft()
+        else:
+            data = b"".join(chunks)
+            chunks.clear()
+        self.buffered = 0
+        if self.paused and self.transport is not None:
             self.paused = False
             self.transport.resume_reading()
-        return chunk
+        return data
 
     def start(self, head_only: bool) -> None:
         self._reset()

@@ -31,7 +31,14 @@ from proxy.engine.chat import Outgoing
 from proxy.engine.service import Call, Service
 from proxy.server.abort import BodyBroken
 from proxy.server.bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
-from proxy.server.sse import EventSplitter, event_json, is_terminal, is_usage_only
+from proxy.server.sse import (
+    EventSplitter,
+    event_json,
+    events_of,
+    is_terminal,
+    is_usage_only,
+    may_matter,
+)
 
 log = logging.getLogger("compaction_proxy.server")
 # Set by the server answering (uvicorn): relaying the upstream's too would send two of each.
@@ -281,9 +288,15 @@ async def _relay_events(
         async for chunk in upstream.chunks():
             # Every event completed by this read goes out at once, in one write: nothing
             # waits for later bytes, and the client is not sent one syscall per event.
+            done = splitter.complete(chunk)
+            if not done:
+                continue
+            if not may_matter(done):  # most reads: no usage, not the end, passed on whole
+                yield done
+                continue
             out = []
             terminal = False
-            for event in splitter.feed(chunk):
+            for event in events_of(done):
                 if b'"usage"' in event:
                     obj = event_json(event)
                     found = usage_of(obj)

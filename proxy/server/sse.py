@@ -39,6 +39,17 @@ class EventSplitter:
         self._buffer = data[start:]
         return events
 
+    def complete(self, chunk: bytes) -> bytes:
+        """``feed``'s events joined: the bytes up to the end of the last event ``chunk``
+        completed (b"" when none). The relay passes a read's events on as one piece and looks
+        at them one by one only when they may carry usage or the stream's end (#28)."""
+        if b"\r" in chunk or b"\r" in self._buffer:
+            return b"".join(self.feed(chunk))
+        data = self._buffer + chunk
+        *whole, rest = data.split(b"\n\n")  # the same cut as ``feed``'s
+        self._buffer = rest
+        return data[: len(data) - len(rest)] if whole else b""
+
     def flush(self) -> bytes:
         rest, self._buffer = self._buffer, b""
         return rest
@@ -72,6 +83,26 @@ _TERMINAL_TYPES = frozenset(
 )
 # What a terminal event holds somewhere: the quick test of every relayed event.
 _MAY_END = (b"[DONE]", *sorted(_TERMINAL_TYPES))
+
+
+def events_of(data: bytes) -> list[bytes]:
+    """``data`` (complete events, as ``EventSplitter.complete`` gives them) event by event:
+    joined, the pieces are ``data`` again."""
+    splitter = EventSplitter()
+    events = splitter.feed(data)
+    rest = splitter.flush()
+    return [*events, rest] if rest else events
+
+
+def may_matter(data: bytes) -> bool:
+    """Whether any event in ``data`` may carry usage or end the stream: if not, the relay
+    passes ``data`` on without looking at its events (most reads of a stream)."""
+    if b'"usage"' in data:
+        return True
+    for marker in _MAY_END:
+        if marker in data:
+            return True
+    return False
 
 
 def is_terminal(event: bytes) -> bool:
