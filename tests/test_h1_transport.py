@@ -275,6 +275,40 @@ def test_no_answer_within_the_read_timeout_is_a_read_timeout() -> None:
             release.set()
 
 
+def test_the_read_timeout_bounds_each_wait_not_the_whole_answer() -> None:
+    """A stream that keeps sending is never cut by the read timeout, however long it runs in
+    all (here 1.5x the timeout), and one that stops is: the connection's one timer follows
+    each wait's deadline (#28), as a timer per wait did. (Each wait here is ~0.05 s against
+    a 2 s timeout: a busy machine does not make it fail.)"""
+    pieces = 60
+    release = threading.Event()
+
+    def steady(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for _ in range(pieces):
+            time.sleep(0.05)
+            sock.sendall(b"2\r\nok\r\n")
+        sock.sendall(b"0\r\n\r\n")
+        while sock.recv(65536):
+            pass
+
+    def stalls(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n")
+        release.wait(30)
+
+    with Scripted([steady, stalls]) as up:
+        started = time.monotonic()
+        assert call(up.port, transport(), read_s=2.0)[2] == b"ok" * pieces
+        assert time.monotonic() - started > 2.0  # (longer than the timeout in all)
+        try:
+            with pytest.raises(httpx.ReadTimeout):
+                call(up.port, transport(), read_s=0.2)
+        finally:
+            release.set()
+
+
 def test_a_refused_connection_is_a_connect_error_with_the_os_error() -> None:
     probe = socket.socket()
     probe.bind(("127.0.0.1", 0))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 
 import httptools
 import httpx
@@ -49,6 +50,9 @@ class Conn(asyncio.Protocol):
         self.buffered = 0
         self.paused = False
         self._waiter: asyncio.Future[None] | None = None
+        self._deadline = math.inf  # when the wait in progress times out
+        self._timer: asyncio.TimerHandle | None = None  # armed for ``_timer_at``
+        self._timer_at = math.inf
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -72,6 +76,7 @@ class Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._disarm()  # (a wait in progress ends below: the connection's end wakes it)
         if not self.complete and exc is None and self.head_done and self._delimited_by_close():
             self.complete = True  # (over TLS the end may come without eof_received)
             self._wake()
@@ -139,19 +144,46 @@ class Conn(asyncio.Protocol):
 
     async def wait(self, timeout: float | None, request: Requested) -> None:
         """Until something more happened (bytes, the end, an error); ``httpx.ReadTimeout``
-        after ``timeout``. (A timer on the future: ``asyncio.timeout`` costs several times
-        more, and this runs for every answer.)"""
+        after ``timeout``. (``asyncio.timeout`` costs several times more, and this runs for
+        every read of an answer: a stream waits once per event.)
+
+        One timer per answer rather than one set and cancelled around every wait (#28):
+        each wait moves the deadline; the timer, when it fires before it, is set again
+        for it (``_check``)."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(timeout, _expire, waiter) if timeout is not None else None
+        deadline = self._deadline = loop.time() + timeout if timeout is not None else math.inf
+        if deadline < self._timer_at:  # none armed, or armed for later than this wait allows
+            self._arm(loop, deadline)
         try:
             await waiter
         except TimeoutError as exc:
             raise httpx.ReadTimeout("upstream read timed out", request=httpx_of(request)) from exc
         finally:
             self._waiter = None
-            if timer is not None:
-                timer.cancel()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = loop.call_at(at, self._check), at
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, math.inf
+
+    def _check(self) -> None:
+        """The read timer fired: the wait in progress times out if its deadline passed;
+        otherwise the timer is set again for it (none when nothing waits)."""
+        self._timer, self._timer_at = None, math.inf
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._deadline == math.inf:
+            return
+        loop = waiter.get_loop()
+        if loop.time() >= self._deadline:
+            waiter.set_exception(TimeoutError())
+        else:
+            self._arm(loop, self._deadline)
 
     def take(self) -> bytes:
         """Every body chunk that arrived so far, as one (``chunks`` must not be empty).
@@ -173,18 +205,15 @@ class Conn(asyncio.Protocol):
         return data
 
     def start(self, head_only: bool) -> None:
+        self._disarm()
         self._reset()
         self.head_only = head_only
 
     def close(self) -> None:
         self.closed = True
+        self._disarm()
         if self.transport is not None:
             self.transport.close()
-
-
-def _expire(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError())
 
 
 def mapped(exc: Exception, request: Requested) -> httpx.HTTPError:
