@@ -74,21 +74,16 @@ async def send_stream(
     The ASGI server no longer fails a ``send`` once the client is gone; it says so on
     ``receive``, which one watcher task waits on for the whole stream. ``then`` runs last,
     whatever happened: once the client has the end of the answer, and ``body`` is closed.
+
+    The relaying runs in a task of its own (``pump``): each chunk that arrives wakes only its
+    few frames (the pump, the relay's generators, the upstream's wait), not the dozen of the
+    request's whole chain above it (uvicorn's cycle, the middlewares, the route, ``relay``):
+    a coroutine resumed goes back down every ``await`` it is in, and a stream resumes once per
+    event (#28). Cancelling the request's task (the server shutting down) cancels the pump.
     """
-    task = asyncio.current_task()
-    assert task is not None
     state = {"gone": False, "ended": False}
 
-    def on_gone(watcher: asyncio.Future[None]) -> None:
-        # Runs on the loop later: after the answer ended it must not cancel what follows.
-        if state["ended"] or watcher.cancelled() or watcher.exception() is not None:
-            return
-        state["gone"] = True
-        task.cancel()
-
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    watcher.add_done_callback(on_gone)
-    try:
+    async def pump() -> None:
         async with contextlib.aclosing(body):
             start = {
                 "type": "http.response.start",
@@ -100,10 +95,24 @@ async def send_stream(
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             state["ended"] = True  # the server reports the end of the answer as a disconnect
             await send({"type": "http.response.body", "body": b""})
+
+    pumping = asyncio.ensure_future(pump())
+
+    def on_gone(watcher: asyncio.Future[None]) -> None:
+        # Runs on the loop later: after the answer ended it must not cancel what follows.
+        if state["ended"] or watcher.cancelled() or watcher.exception() is not None:
+            return
+        state["gone"] = True
+        pumping.cancel()
+
+    watcher = asyncio.ensure_future(_disconnected(receive))
+    watcher.add_done_callback(on_gone)
+    try:
+        await pumping
     except asyncio.CancelledError:
-        if not state["gone"]:
+        task = asyncio.current_task()
+        if not state["gone"] or (task is not None and task.cancelling()):
             raise  # not the client leaving (the server shutting down): not ours to swallow
-        task.uncancel()
     finally:
         state["ended"] = True
         watcher.cancel()
