@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import sys
 import time
+from typing import Any
 
 import httptools
 import orjson
@@ -89,17 +90,31 @@ def _head(status: str, content_type: bytes, extra: bytes, keep_alive: bool) -> b
     )
 
 
-def _drip_events(count: int) -> list[bytes]:
-    """``count`` events of a streamed reply (HTTP chunks), the last one [DONE]."""
-    chunks = [_chunk({"role": "assistant", "content": ""})]
-    chunks += [_chunk({"content": f"word{i} "}) for i in range(max(count - 3, 0))]
-    chunks.append(_chunk({}, "stop"))
-    events = [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
-    return [b"%x\r\n%s\r\n" % (len(e), e) for e in events]
+def _drip_events(count: int, usage: bool) -> list[bytes]:
+    """A streamed reply of ``count`` events (HTTP chunks) as a provider sends one: its
+    role, ``count - 3`` words, its finish, the usage when it was asked for (not counted),
+    the last one [DONE]."""
+    words = DRIP_WORDS[: max(count - 3, 0)]
+    return [DRIP_ROLE, *words, DRIP_STOP, *((DRIP_USAGE,) if usage else ()), DRIP_DONE]
+
+
+def _http_chunk(payload: dict[str, Any] | None) -> bytes:
+    event = b"data: " + (orjson.dumps(payload) if payload is not None else b"[DONE]") + b"\n\n"
+    return b"%x\r\n%s\r\n" % (len(event), event)
+
+
+def _usage_chunk() -> dict[str, Any]:
+    final = _chunk({})
+    final["choices"], final["usage"] = [], USAGE
+    return final
 
 
 STREAM_HEAD_START = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream"
-DRIP_EVENTS = _drip_events(2_000)
+DRIP_ROLE = _http_chunk(_chunk({"role": "assistant", "content": ""}))
+DRIP_WORDS = [_http_chunk(_chunk({"content": f"word{i} "})) for i in range(2_000)]
+DRIP_STOP = _http_chunk(_chunk({}, "stop"))
+DRIP_USAGE = _http_chunk(_usage_chunk())
+DRIP_DONE = _http_chunk(None)
 DRIP_END = b"0\r\n\r\n"
 JSON_BODY = _completion()
 STREAM_BODY = _events(include_usage=False)
@@ -212,19 +227,20 @@ class UpstreamProtocol(asyncio.Protocol):
         if self.transport is None or self.transport.is_closing():
             return
         if self.drip_events and answer.startswith(STREAM_HEAD_START):
-            self._drip(answer[: answer.index(b"\r\n\r\n") + 4], keep_alive)
+            usage = answer.endswith(STREAM_USAGE_BODY)
+            self._drip(answer[: answer.index(b"\r\n\r\n") + 4], keep_alive, usage)
             return
         self.transport.write(answer)
         if not keep_alive:
             self.transport.close()
 
-    def _drip(self, head: bytes, keep_alive: bool) -> None:
+    def _drip(self, head: bytes, keep_alive: bool, usage: bool) -> None:
         """A stream as a provider sends one: the head, then ``drip_events`` events each in a
-        write of its own, ``drip_s`` apart, then the end."""
+        write of its own, ``drip_s`` apart (the usage too, when asked), then the end."""
         assert self.transport is not None
         self.transport.write(head)
         loop = asyncio.get_running_loop()
-        events = DRIP_EVENTS[: self.drip_events]
+        events = _drip_events(self.drip_events, usage)
 
         def send(i: int) -> None:
             if self.transport is None or self.transport.is_closing():
@@ -263,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drip-ms", type=float, default=1.0, help="the time between them")
     args = parser.parse_args(argv)
     UpstreamProtocol.delay_s = max(args.delay_ms, 0.0) / 1000
-    UpstreamProtocol.drip_events = min(max(args.drip_events, 0), len(DRIP_EVENTS))
+    UpstreamProtocol.drip_events = min(max(args.drip_events, 0), len(DRIP_WORDS))
     UpstreamProtocol.drip_s = max(args.drip_ms, 0.0) / 1000
     try:
         from uvloop import run

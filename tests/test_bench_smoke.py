@@ -543,3 +543,32 @@ def test_layers_summary_takes_each_layer_as_a_difference() -> None:
     assert row["begin"] == 250.0 and row["finish"] == 100.0 and row["ledger"] == 60.0
     table = markdown(summary(samples, (0.5, 0.6, 0.7)))
     assert "| 2 | no | 500 | 440 | 400 | 150 | 250 | 100 | 60 | 25 |" in table
+
+
+def test_the_fast_upstream_drips_a_stream_an_event_a_write(tmp_path: Path) -> None:
+    """``bench.cpu_ab --drip-events N`` measures streams as providers send them: the fast
+    upstream it starts answers a stream as N events (the usage besides, when asked), each in
+    a write (HTTP chunk) of its own, the last one ``[DONE]``."""
+    import httpx
+
+    from bench.overhead import FastUpstream
+
+    upstream = FastUpstream(tmp_path / "up.log", drip_events=7, drip_ms=0.5).start()
+    try:
+        for usage in (False, True):
+            body = {
+                "model": "gpt-4o-mini",
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+                **({"stream_options": {"include_usage": True}} if usage else {}),
+            }
+            url = f"{upstream.base_url}/chat/completions"
+            with httpx.stream("POST", url, json=body, timeout=30) as r:
+                assert r.status_code == 200
+                raw = b"".join(r.iter_raw())
+            events = [e for e in raw.split(b"\n\n") if e]
+            assert len(events) == 7 + usage and events[-1] == b"data: [DONE]"
+            assert (b'"usage"' in events[-2]) is usage
+            assert all(e.startswith(b"data: ") for e in events)
+    finally:
+        upstream.stop()
