@@ -62,27 +62,6 @@ async def test_what_one_turn_writes_goes_in_one_write_at_its_end() -> None:
     assert t.get_extra_info("peername") == ("127.0.0.1", 1)  # the rest is the real one's
 
 
-async def test_once_a_response_started_leaving_its_rest_is_not_held() -> None:
-    """A slow stream's events go out as written, without a turn of the loop each (#28); a
-    response completed, the next one is held again."""
-    real = Recording()
-    t = OneWriteTransport(real, asyncio.get_running_loop())  # type: ignore[arg-type]
-    t.write(HEAD)  # a stream's head: held to the turn's end
-    assert real.writes == []
-    await asyncio.sleep(0)
-    assert real.writes == [HEAD]
-    t.write(b"5\r\nevent\r\n")  # the next event, turns later: sent as written
-    assert real.writes == [HEAD, b"5\r\nevent\r\n"]
-    t.write(b"0\r\n\r\n")
-    t.response_done()  # what the protocol does when the response is complete
-    assert real.writes == [HEAD, b"5\r\nevent\r\n", b"0\r\n\r\n"]
-    t.write(HEAD)  # the connection's next response: held again, one write
-    t.write(b"ok")
-    assert len(real.writes) == 3
-    t.response_done()
-    assert real.writes[3:] == [HEAD + b"ok"]
-
-
 async def test_flush_sends_at_once_and_a_big_write_is_not_copied() -> None:
     real = Recording()
     t = OneWriteTransport(real, asyncio.get_running_loop())  # type: ignore[arg-type]

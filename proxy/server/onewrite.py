@@ -13,11 +13,6 @@ that holds what is written and sends it in one write:
   as the relay waits on the upstream, so no byte waits on the network;
 - before a big write (``DIRECT_BYTES``), which goes as it is, not copied into the held bytes.
 
-Once part of a response has left, the rest of it is not held: a slow stream's events go out
-as they are written. Held, each event waited for a callback at the end of the loop's turn,
-one more turn of the loop (and its poll) per event, ~2 us of a relayed event's ~25 (#28).
-A fast stream, written whole in one turn, still leaves in one write.
-
 Order is kept: whatever is held goes before any later write, and ``close`` sends it first;
 ``abort`` drops it with the connection.
 """
@@ -37,19 +32,14 @@ class OneWriteTransport:
     """A transport that holds writes until ``flush`` or the loop's turn end. Everything else
     is the real transport's."""
 
-    __slots__ = ("_real", "_held", "_loop", "_through")
+    __slots__ = ("_real", "_held", "_loop")
 
     def __init__(self, real: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._real = real
         self._held: list[bytes] = []
         self._loop = loop
-        self._through = False  # part of this response left: the rest is not held
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
-        if self._through and not self._held:
-            if not self._real.is_closing():
-                self._real.write(data)
-            return
         if len(data) >= DIRECT_BYTES:
             self.flush()
             self._real.write(data)
@@ -59,18 +49,12 @@ class OneWriteTransport:
         self._held.append(bytes(data))
 
     def flush(self) -> None:
-        """Send what is held, in one write; what the response writes next is not held."""
+        """Send what is held, in one write."""
         held = self._held
         if held:
             self._held = []
-            self._through = True
             if not self._real.is_closing():
                 self._real.write(held[0] if len(held) == 1 else b"".join(held))
-
-    def response_done(self) -> None:
-        """The response is complete: send what is held; the next response is held again."""
-        self.flush()
-        self._through = False
 
     def close(self) -> None:
         self.flush()
@@ -93,5 +77,5 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         # The answer is whole: it goes now, not after what the app does next in this turn.
-        self.transport.response_done()  # type: ignore[attr-defined]
+        self.transport.flush()  # type: ignore[attr-defined]
         super().on_response_complete()
