@@ -77,19 +77,25 @@ def test_a_whole_stream_is_sent_then_closed_then_finished() -> None:
     asyncio.run(main())
 
 
+async def held_stream() -> tuple[Client, Body, list[bool], asyncio.Future[None]]:
+    """A stream whose body holds after its first chunk, once the client has that chunk:
+    the client, the body, what ``then`` saw (whether the body was closed), the request."""
+    client, body, done = Client(), Body([b"a", b"b"], hold=True), []
+    task = asyncio.ensure_future(
+        send_stream(
+            client.send, client.receive, 200, {}, body.run(), lambda: done.append(body.closed)
+        )
+    )
+    await client.got_first.wait()
+    return client, body, done, task
+
+
 def test_a_client_gone_stops_the_stream_quietly_and_closes_the_body() -> None:
     async def main() -> None:
-        client, body, done = Client(), Body([b"a", b"b"], hold=True), []
-        task = asyncio.ensure_future(
-            send_stream(
-                client.send, client.receive, 200, {}, body.run(), lambda: done.append(body.closed)
-            )
-        )
-        await client.got_first.wait()
+        client, body, done, task = await held_stream()
         client.leave.set()  # the server reports the client gone
-        await asyncio.wait_for(
-            task, 30
-        )  # no error: the client leaving is not one (30 s: a guard, not a measure)
+        # No error: the client leaving is not one (30 s: a guard against a hang, not a measure).
+        await asyncio.wait_for(task, 30)
         assert bodies(client) == [b"a"]
         assert done == [True]
         assert not task.cancelled()
@@ -99,13 +105,7 @@ def test_a_client_gone_stops_the_stream_quietly_and_closes_the_body() -> None:
 
 def test_the_request_cancelled_cancels_the_stream_and_is_raised() -> None:
     async def main() -> None:
-        client, body, done = Client(), Body([b"a", b"b"], hold=True), []
-        task = asyncio.ensure_future(
-            send_stream(
-                client.send, client.receive, 200, {}, body.run(), lambda: done.append(body.closed)
-            )
-        )
-        await client.got_first.wait()
+        client, body, done, task = await held_stream()
         task.cancel()  # the server shutting down
         with pytest.raises(asyncio.CancelledError):
             await task

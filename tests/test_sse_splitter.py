@@ -40,14 +40,13 @@ def split_all(data: bytes, cuts: list[int]) -> tuple[list[bytes], bytes]:
 LINE_PIECES = st.sampled_from(
     [b'data: {"x": 1}', b"event: message_stop", b"data: [DONE]", b": ping", b"a", b""]
 )
+# A stream: lines with their ends (LF, CRLF or CR); and where its reads are cut.
+PIECES = st.lists(st.tuples(LINE_PIECES, st.sampled_from([b"\n", b"\r\n", b"\r"])), max_size=12)
+CUTS = st.lists(st.integers(min_value=0, max_value=400), max_size=6)
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    pieces=st.lists(st.tuples(LINE_PIECES, st.sampled_from([b"\n", b"\r\n", b"\r"])), max_size=12),
-    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=6),
-    lf_only=st.booleans(),
-)
+@given(pieces=PIECES, cuts=CUTS, lf_only=st.booleans())
 def test_events_are_split_as_the_definition_splits_them(
     pieces: list[tuple[bytes, bytes]], cuts: list[int], lf_only: bool
 ) -> None:
@@ -63,11 +62,7 @@ def test_events_are_split_as_the_definition_splits_them(
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    pieces=st.lists(st.tuples(LINE_PIECES, st.sampled_from([b"\n", b"\r\n", b"\r"])), max_size=12),
-    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=6),
-    lf_only=st.booleans(),
-)
+@given(pieces=PIECES, cuts=CUTS, lf_only=st.booleans())
 def test_a_read_s_events_joined_are_what_feed_gives_and_split_back_into_them(
     pieces: list[tuple[bytes, bytes]], cuts: list[int], lf_only: bool
 ) -> None:
