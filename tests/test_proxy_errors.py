@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from tests.checks import INLINE, assert_forwarded_faithful, summary_index, tokens
 from tests.conversations import drive_conversation
 from tests.proxyproc import ProxyProcess, free_port
-from tests.upstream import ScriptedUpstream
+from tests.upstream import ScriptedUpstream, filler_sentence
 
 MODEL = "gpt-4o-mini"
 SYSTEM = "You are a coding assistant."
@@ -179,6 +181,49 @@ def test_streaming_keeps_usage_only_when_asked(
         )
     )
     assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
+
+
+def test_a_stream_sent_an_event_a_write_arrives_whole_and_its_usage_is_read(
+    proxy: ProxyProcess, upstream: ScriptedUpstream
+) -> None:
+    """The relay passes a read's events on in one piece and looks at them one by one only
+    where usage or the end may be (#28): with the upstream writing an event at a time, the
+    official client gets the same answer as from one write, without the usage event it did
+    not ask for (with it when it asks), and the proxy reads the usage all the same."""
+    client = openai.OpenAI(base_url=proxy.base_url, api_key="k-drip", max_retries=0)
+    long = " ".join(filler_sentence(n) for n in range(40))  # past the 1,024-token cache minimum
+    messages = [{"role": "user", "content": f"dripped {long}"}]
+
+    def answer(**kwargs: Any) -> tuple[str, list[Any]]:
+        chunks = list(
+            client.chat.completions.create(model=MODEL, messages=messages, stream=True, **kwargs)
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        return text, chunks
+
+    def request_lines() -> list[dict[str, Any]]:
+        lines = proxy.logs().splitlines()
+        return [orjson.loads(x) for x in lines if x.startswith("{") and '"msg":"request"' in x]
+
+    before = len(request_lines())
+    whole, _ = answer()
+    dripped, chunks = answer(extra_headers={"x-test-stream-delay": "0.01"})
+    assert dripped == whole and dripped
+    assert all(c.usage is None for c in chunks)  # the proxy asked for it, the client did not
+    assert upstream.chat_requests()[-1].json["stream_options"] == {"include_usage": True}
+    _, asked = answer(
+        extra_headers={"x-test-stream-delay": "0.01"}, stream_options={"include_usage": True}
+    )
+    assert asked[-1].usage is not None and asked[-1].usage.prompt_tokens > 0
+    # Each request's log line (written once the client has its answer) holds the usage read
+    # from the dripped events: the same prompt again, so the upstream reports it cached.
+    limit = time.monotonic() + 60  # a guard against a hang, not a measure
+    while len(request_lines()) < before + 3:
+        assert time.monotonic() < limit, "the requests' log lines never came"
+        time.sleep(0.05)
+    dripped_lines = request_lines()[before + 1 : before + 3]
+    assert [line["upstream_status"] for line in dripped_lines] == [200, 200]
+    assert all(line["cached_tokens"] > 0 for line in dripped_lines), dripped_lines
 
 
 def test_client_disconnect_cancels_the_upstream_stream(
