@@ -34,6 +34,8 @@ class Conn(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self._parser = httptools.HttpResponseParser(self)
+        self._timer: asyncio.TimerHandle | None = None  # the read timer, armed for ``_timer_at``
+        self._timer_at = math.inf
         self._reset()
 
     def _reset(self) -> None:
@@ -51,8 +53,7 @@ class Conn(asyncio.Protocol):
         self.paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._deadline = math.inf  # when the wait in progress times out
-        self._timer: asyncio.TimerHandle | None = None  # armed for ``_timer_at``
-        self._timer_at = math.inf
+        self._disarm()  # (a timer of the connection's previous answer)
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -163,8 +164,7 @@ class Conn(asyncio.Protocol):
             self._waiter = None
 
     def _arm(self, loop: asyncio.AbstractEventLoop, at: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
+        self._disarm()
         self._timer, self._timer_at = loop.call_at(at, self._check), at
 
     def _disarm(self) -> None:
@@ -205,7 +205,6 @@ class Conn(asyncio.Protocol):
         return data
 
     def start(self, head_only: bool) -> None:
-        self._disarm()
         self._reset()
         self.head_only = head_only
 
