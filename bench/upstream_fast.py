@@ -75,11 +75,8 @@ def _events(include_usage: bool) -> bytes:
     chunks += [_chunk({"content": piece}) for piece in pieces]
     chunks.append(_chunk({}, "stop"))
     if include_usage:
-        final = _chunk({})
-        final["choices"], final["usage"] = [], USAGE
-        chunks.append(final)
-    events = [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
-    return b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+        chunks.append(_usage_chunk())
+    return b"".join(_http_chunk(c) for c in chunks) + _http_chunk(None) + STREAM_END
 
 
 def _head(status: str, content_type: bytes, extra: bytes, keep_alive: bool) -> bytes:
@@ -99,6 +96,7 @@ def _drip_events(count: int, usage: bool) -> list[bytes]:
 
 
 def _http_chunk(payload: dict[str, Any] | None) -> bytes:
+    """One SSE event (``[DONE]`` for None) as one HTTP chunk."""
     event = b"data: " + (orjson.dumps(payload) if payload is not None else b"[DONE]") + b"\n\n"
     return b"%x\r\n%s\r\n" % (len(event), event)
 
@@ -110,12 +108,12 @@ def _usage_chunk() -> dict[str, Any]:
 
 
 STREAM_HEAD_START = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream"
+STREAM_END = b"0\r\n\r\n"  # the last HTTP chunk
 DRIP_ROLE = _http_chunk(_chunk({"role": "assistant", "content": ""}))
 DRIP_WORDS = [_http_chunk(_chunk({"content": f"word{i} "})) for i in range(2_000)]
 DRIP_STOP = _http_chunk(_chunk({}, "stop"))
 DRIP_USAGE = _http_chunk(_usage_chunk())
 DRIP_DONE = _http_chunk(None)
-DRIP_END = b"0\r\n\r\n"
 JSON_BODY = _completion()
 STREAM_BODY = _events(include_usage=False)
 STREAM_USAGE_BODY = _events(include_usage=True)
@@ -249,7 +247,7 @@ class UpstreamProtocol(asyncio.Protocol):
                 self.transport.write(events[i])
                 loop.call_later(self.drip_s, send, i + 1)
                 return
-            self.transport.write(DRIP_END)
+            self.transport.write(STREAM_END)
             if not keep_alive:
                 self.transport.close()
 
