@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import math
+from collections.abc import Callable
 
 import httptools
 import httpx
@@ -19,6 +20,12 @@ HIGH_WATER = 1024 * 1024
 
 # What an error names as its request: httpx's, or ours (its httpx request built then).
 Requested = httpx.Request | UpstreamRequest
+
+# What a sink (``Conn.sink``) answers for the body it was given: go on; stop (it wants no
+# more: the connection's later bytes are kept as chunks); hold (its reader is slow: the
+# socket stops being read until ``Conn.unhold``).
+GO, STOP, HOLD = 0, 1, 2
+Sink = Callable[[bytes], int]
 
 
 class Gone(Exception):
@@ -53,6 +60,13 @@ class Conn(asyncio.Protocol):
         self.paused = False
         self._waiter: asyncio.Future[None] | None = None
         self._deadline = math.inf  # when the wait in progress times out
+        self._timeout: float | None = None  # the wait in progress's read timeout
+        # Given each read's body as it arrives, from ``data_received`` (``push``), instead of
+        # the chunks waking a reader; ``said``: its last answer but GO, ``held``: reading paused.
+        self.sink: Sink | None = None
+        self.said = GO
+        self.held = False
+        self.sink_error: BaseException | None = None
         self._disarm()  # (a timer of the connection's previous answer)
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
@@ -68,6 +82,28 @@ class Conn(asyncio.Protocol):
         except httptools.HttpParserError as exc:
             self._fail(httpx.RemoteProtocolError(f"malformed answer from the upstream: {exc}"))
             self.close()
+            return
+        if self.sink is not None and self.chunks:
+            self.feed_sink(self.sink)
+
+    def feed_sink(self, sink: Sink) -> None:
+        """The body that arrived, to ``sink``; its reader woken only when it stops or holds."""
+        try:
+            said = sink(self.take())
+        except Exception as exc:  # (a bug of the sink's: its reader raises it)
+            self.sink_error, said = exc, STOP
+        if said == GO:
+            if self._timeout is not None and self._waiter is not None:
+                # The wait spans the whole body: each read moves its deadline (``_check``).
+                self._deadline = self._waiter.get_loop().time() + self._timeout
+            return
+        self.said = said
+        if said == STOP:
+            self.sink = None
+        elif not self.held and self.transport is not None:
+            self.held = True
+            self.transport.pause_reading()
+        self._wake()
 
     def eof_received(self) -> bool | None:
         if self.head_done and not self.complete and self._delimited_by_close():
@@ -114,6 +150,8 @@ class Conn(asyncio.Protocol):
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
+        if self.sink is not None:
+            return  # taken at the end of this read (``data_received``)
         self.buffered += len(body)
         if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
@@ -153,6 +191,7 @@ class Conn(asyncio.Protocol):
         for it (``_check``)."""
         loop = asyncio.get_running_loop()
         waiter = self._waiter = loop.create_future()
+        self._timeout = timeout
         deadline = self._deadline = loop.time() + timeout if timeout is not None else math.inf
         if deadline < self._timer_at:  # none armed, or armed for later than this wait allows
             self._arm(loop, deadline)
@@ -203,6 +242,14 @@ class Conn(asyncio.Protocol):
             self.paused = False
             self.transport.resume_reading()
         return data
+
+    def unhold(self) -> None:
+        """A held sink's reader caught up: the socket is read again."""
+        self.said = GO
+        if self.held:
+            self.held = False
+            if self.transport is not None and not self.closed:
+                self.transport.resume_reading()
 
     def start(self, head_only: bool) -> None:
         self._reset()

@@ -25,6 +25,21 @@ from proxy.server.abort import AbortOnBrokenBody
 from proxy.server.errors import HANDLERS, unexpected
 
 
+class Tracked:
+    """The server's ``send`` (``raw``: what ``proxy.server.push`` writes a stream through),
+    noting whether the response started."""
+
+    __slots__ = ("raw", "started")
+
+    def __init__(self, send: Send) -> None:
+        self.raw = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        self.started = self.started or message["type"] == "http.response.start"
+        await self.raw(message)
+
+
 class ChatFront:
     """The ASGI app ``create_app`` returns: ``routes`` (path -> ASGI app) for ``POST``,
     ``app`` for everything else. ``state`` and ``router`` are the Starlette app's."""
@@ -52,17 +67,11 @@ class ChatFront:
         await self.app(scope, receive, send)
 
     async def _chat(self, route: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
+        tracked = Tracked(send)
         try:
             await route(scope, receive, tracked)
         except Exception as exc:
-            if started:
+            if tracked.started:
                 raise  # too late for an error answer: the server drops the connection
             handler = next(
                 (HANDLERS[kind] for kind in type(exc).__mro__ if kind in HANDLERS), unexpected

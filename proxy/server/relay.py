@@ -24,6 +24,8 @@ import orjson
 from starlette.types import Receive, Send
 
 from proxy.adapters.forward import mapped_errors, response_headers
+from proxy.adapters.h1 import H1Reply
+from proxy.adapters.h1conn import GO, STOP
 from proxy.adapters.upstreamcall import Reply
 from proxy.core.errors import UpstreamError
 from proxy.core.surfaces import Surface, model_of, usage_of
@@ -31,14 +33,8 @@ from proxy.engine.chat import Outgoing
 from proxy.engine.service import Call, Service
 from proxy.server.abort import BodyBroken
 from proxy.server.bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
-from proxy.server.sse import (
-    EventSplitter,
-    event_json,
-    events_of,
-    is_terminal,
-    is_usage_only,
-    may_matter,
-)
+from proxy.server.events import StreamReads, broken_event
+from proxy.server.push import ChunkWriter
 
 log = logging.getLogger("compaction_proxy.server")
 # Set by the server answering (uvicorn): relaying the upstream's too would send two of each.
@@ -65,11 +61,12 @@ async def send_stream(
     receive: Receive,
     status: int,
     headers: dict[str, str],
-    body: AsyncGenerator[bytes, None],
+    body: AsyncGenerator[bytes, None] | PushedEvents,
     then: Callable[[], None],
 ) -> None:
-    """Relay ``body`` chunk by chunk; a client that goes away stops it (and ``body`` is
-    closed, which ends its upstream request).
+    """Relay ``body`` chunk by chunk (a generator, or ``PushedEvents``, which sends its
+    chunks itself); a client that goes away stops it (and ``body`` is closed, which ends its
+    upstream request).
 
     The ASGI server no longer fails a ``send`` once the client is gone; it says so on
     ``receive``, which one watcher task waits on for the whole stream. ``then`` runs last,
@@ -84,17 +81,16 @@ async def send_stream(
     state = {"gone": False, "ended": False}
 
     async def pump() -> None:
+        start = {"type": "http.response.start", "status": status, "headers": raw_headers(headers)}
         async with contextlib.aclosing(body):
-            start = {
-                "type": "http.response.start",
-                "status": status,
-                "headers": raw_headers(headers),
-            }
             await send(start)
-            async for chunk in body:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            state["ended"] = True  # the server reports the end of the answer as a disconnect
-            await send({"type": "http.response.body", "body": b""})
+            if isinstance(body, PushedEvents):
+                await body(send)
+            else:
+                async for chunk in body:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        state["ended"] = True  # the server reports the end of the answer as a disconnect
+        await send({"type": "http.response.body", "body": b""})
 
     pumping = asyncio.ensure_future(pump())
 
@@ -275,67 +271,98 @@ async def forward_stream(out: Outgoing, send: Send, receive: Receive) -> None:
             service.finish(call, None, upstream.status_code)
         return
     ending = Ending()
-    events = _relay_events(out.surface, upstream, out.drop_usage, ending)
+    events: AsyncGenerator[bytes, None] | PushedEvents
+    if isinstance(upstream, H1Reply) and upstream.pushable:
+        events = PushedEvents(out.surface, upstream, out.drop_usage, ending)
+    else:
+        events = _relay_events(out.surface, upstream, out.drop_usage, ending)
     await send_stream(send, receive, 200, headers, events, ending.finish(service, call))
 
 
 async def _relay_events(
     surface: Surface, upstream: Reply, drop_usage: bool, ending: Ending
 ) -> AsyncGenerator[bytes, None]:
-    """Relay SSE events as they complete; read usage from the events that carry it.
+    """Relay SSE events as they complete; read usage from the events that carry it
+    (``events.StreamReads``).
 
     The stream is complete once its terminal event (``[DONE]``, ``message_stop``,
     ``response.completed``...) has been relayed: the request counts as a success then and
     the rest of the upstream connection is not waited for (a client that closes right after
     the terminal event, as the openai SDK does, is not a disconnect).
     """
-    splitter = EventSplitter()
-    usage: dict[str, Any] = {}
+    reads = StreamReads(drop_usage)
     try:
         # Decoded: a provider may compress the stream (the client gets it plain, as the
         # relayed headers, without Content-Encoding, say).
         async for chunk in upstream.chunks():
             # Every event completed by this read goes out at once, in one write: nothing
             # waits for later bytes, and the client is not sent one syscall per event.
-            done = splitter.complete(chunk)
-            if not done:
-                continue
-            if not may_matter(done):  # most reads: no usage, not the end, passed on whole
-                yield done
-                continue
-            out = []
-            terminal = False
-            for event in events_of(done):
-                if b'"usage"' in event:
-                    obj = event_json(event)
-                    found = usage_of(obj)
-                    if found:
-                        # Anthropic splits usage over message_start and message_delta.
-                        usage.update({k: v for k, v in found.items() if v is not None})
-                        ending.model = model_of(obj) or ending.model
-                        if drop_usage and is_usage_only(obj):
-                            continue
-                out.append(event)
-                terminal = terminal or is_terminal(event)
-            if terminal:
+            out = reads.read(chunk)
+            if reads.ended:
                 ending.status = 200  # before the write: the client may close once it has it
             if out:
-                yield b"".join(out)
-            if terminal:
+                yield out
+            if reads.ended:
                 break
         else:
-            rest = splitter.flush()
+            rest = reads.rest()
             if rest:
                 yield rest
             ending.status = 200
     except httpx.HTTPError as exc:
         log.warning("upstream stream broke", extra={"error": type(exc).__name__})
         if ending.status != 200:
-            message = surface.error_body(
-                "upstream stream interrupted", "upstream_error", "upstream_error"
-            )
-            yield b"event: error\ndata: " + orjson.dumps(message) + b"\n\n"
+            yield broken_event(surface)
     finally:
-        ending.usage = usage or None
+        ending.usage, ending.model = reads.usage or None, reads.model
         # Also runs when the client goes away: closing cancels the upstream request.
         await upstream.aclose()
+
+
+class PushedEvents:
+    """``_relay_events`` pushed (``proxy.server.push``): each read of the upstream's body
+    written to the client from the connection's callback, when ``send`` allows it; pulled by
+    ``_relay_events`` otherwise. ``aclose`` ends the upstream request, whether or not it ran."""
+
+    def __init__(
+        self, surface: Surface, upstream: H1Reply, drop_usage: bool, ending: Ending
+    ) -> None:
+        self.surface, self.upstream, self.drop_usage, self.ending = (
+            surface, upstream, drop_usage, ending,
+        )  # fmt: skip
+
+    async def __call__(self, send: Send) -> None:
+        surface, upstream, ending = self.surface, self.upstream, self.ending
+        writer = ChunkWriter.of(send)
+        if writer is None:
+            events = _relay_events(surface, upstream, self.drop_usage, ending)
+            async with contextlib.aclosing(events):
+                async for chunk in events:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            return
+        reads = StreamReads(self.drop_usage)
+
+        def sink(chunk: bytes) -> int:
+            out = reads.read(chunk)
+            if reads.ended:
+                ending.status = 200  # before the write: the client may close once it has it
+            said = writer.write(out) if out else GO
+            return STOP if reads.ended else said
+
+        try:
+            if not await upstream.push(sink, writer.drain):
+                rest = reads.rest()
+                if rest:
+                    await send({"type": "http.response.body", "body": rest, "more_body": True})
+                ending.status = 200
+        except httpx.HTTPError as exc:
+            log.warning("upstream stream broke", extra={"error": type(exc).__name__})
+            if ending.status != 200:
+                body = broken_event(surface)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        finally:
+            ending.usage, ending.model = reads.usage or None, reads.model
+            await upstream.aclose()
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()  # (once: a second close does nothing)
