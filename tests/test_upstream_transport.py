@@ -27,6 +27,9 @@ from tests.upstream import ScriptedUpstream
 
 TRANSPORTS = ("h1", "aiohttp", "httpx")
 WAIT_S = 60.0  # only ever reached when something is broken
+# ``flood``: more than the sockets between the upstream and a stalled client can buffer
+# (loopback's receive buffers grow to 32 MiB here: tcp_rmem), in events of 64 KiB.
+FLOOD_EVENTS, FLOOD_PAD = 2048, 64 * 1024
 
 
 def _event(text: str) -> bytes:
@@ -43,11 +46,13 @@ def _event(text: str) -> bytes:
 class GatedUpstream:
     """Streams one event, then waits: for ``go`` (the rest follows), for the proxy to close
     the connection (``closed`` is set), or for nothing (a stall). The scenario is the first
-    user message's text: ``gate``, ``hangup`` or ``stall``; ``nohead`` never answers."""
+    user message's text: ``gate``, ``hangup`` or ``stall``; ``nohead`` never answers;
+    ``flood`` sends ``FLOOD_EVENTS`` big events as fast as the proxy reads them."""
 
     def __init__(self) -> None:
         self.go = threading.Event()
         self.closed = threading.Event()
+        self.flooded = threading.Event()  # ``flood``: the whole answer was sent
         self.release = threading.Event()  # ends stalls when the tests are done
         self._server = tcp_server(self._handle)
         self.port = self._server.server_address[1]
@@ -92,6 +97,15 @@ class GatedUpstream:
                 self.closed.set()  # the proxy closed its side
             except OSError:
                 self.closed.set()
+        elif scenario == "flood":
+            pad = "x" * FLOOD_PAD
+            try:
+                for i in range(FLOOD_EVENTS):
+                    sock.sendall(_chunked(_event(f"{i}:{pad}")))
+                sock.sendall(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                self.flooded.set()
+            except OSError:
+                pass
         else:  # stall
             self.release.wait(WAIT_S)
 
@@ -141,6 +155,52 @@ def test_events_are_relayed_one_by_one(proxy: ProxyProcess, upstream: GatedUpstr
         upstream.go.set()
         rest = [line for line in lines if line.startswith("data: ")]
     assert '"second"' in rest[0] and rest[-1] == "data: [DONE]"
+
+
+def test_a_slow_client_holds_the_upstream_back_and_gets_every_event(
+    proxy: ProxyProcess, upstream: GatedUpstream
+) -> None:
+    """A client that stops reading: the proxy stops reading the upstream (its answer is not
+    piled up in the proxy's memory), and once the client reads on, every event arrives, in
+    order, once (the h1 transport pushes a stream from its callbacks and holds it, #28)."""
+    upstream.flooded.clear()
+    payload = json.dumps(_body("flood")).encode()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)  # no autotuning
+        sock.settimeout(WAIT_S)
+        sock.connect(("127.0.0.1", proxy.port))
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(payload)
+            + payload
+        )
+        got = bytearray()
+        while b'"first"' not in got:
+            got += sock.recv(4096)
+        # Nothing more is read for a while: were the proxy reading on, the upstream would
+        # have sent its whole answer (a busy machine can only make this pass, never fail).
+        assert not upstream.flooded.wait(3.0), "the proxy read the answer ahead of its client"
+        while data := sock.recv(1 << 20):
+            got += data
+    assert upstream.flooded.is_set()
+    head, _, body = bytes(got).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
+    events = _unchunked(body).split(b"\n\n")
+    contents = [json.loads(e[6:])["choices"][0]["delta"]["content"] for e in events[1:-2]]
+    assert [c.partition(":")[0] for c in contents] == [str(i) for i in range(FLOOD_EVENTS)]
+    assert all(len(c.partition(":")[2]) == FLOOD_PAD for c in contents)
+    assert events[-2:] == [b"data: [DONE]", b""]
+
+
+def _unchunked(body: bytes) -> bytes:
+    out, at = [], 0
+    while True:
+        end = body.index(b"\r\n", at)
+        size = int(body[at:end], 16)
+        if size == 0:
+            return b"".join(out)
+        out.append(body[end + 2 : end + 2 + size])
+        at = end + 2 + size + 2
 
 
 def test_a_client_gone_closes_the_upstream_connection(
