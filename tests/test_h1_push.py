@@ -1,0 +1,220 @@
+"""``H1Reply.push`` (#28): an answer's body handed to a sink from the connection's callbacks
+(the stream relay's way, ``proxy.server.push``), against the raw-socket server of
+``test_h1_transport``: every byte once and in order, the connection kept after a whole body;
+a sink that stops ends it; a sink that holds gets nothing more until its reader drained; the
+read timeout bounds each wait between reads, not the whole body; a sink's error is raised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+
+from proxy.adapters.h1 import H1Reply, H1Transport
+from proxy.adapters.h1conn import GO, HOLD, STOP
+from proxy.adapters.upstreamcall import UpstreamRequest
+from tests.test_h1_transport import Scripted, read_request
+
+HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+WAIT_S = 30.0  # only ever reached when something is broken
+
+
+def chunk(data: bytes) -> bytes:
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+def request(port: int, read_s: float = 10) -> UpstreamRequest:
+    url = httpx.URL(f"http://127.0.0.1:{port}/v1/chat/completions")
+    timeout = {"connect": 5, "read": read_s, "pool": 5, "write": 5}
+    return UpstreamRequest("POST", url, [(b"Host", b"127.0.0.1")], b"{}", timeout)
+
+
+async def nothing() -> None:
+    return None
+
+
+def test_every_read_reaches_the_sink_once_in_order_and_the_connection_is_kept() -> None:
+    pieces = [b"piece %d;" % i for i in range(200)]
+
+    def answers(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(HEAD + chunk(pieces[0]))
+        for piece in pieces[1:]:  # (many sends: the proxy reads them in any grouping)
+            sock.sendall(chunk(piece))
+        sock.sendall(b"0\r\n\r\n")
+        read_request(sock)
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nagain")
+        while sock.recv(65536):
+            pass
+
+    async def run(port: int) -> tuple[list[bytes], bool, bytes]:
+        t = H1Transport(httpx.Limits(max_connections=4, max_keepalive_connections=4))
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> int:
+            got.append(data)
+            return GO
+
+        reply = await t.exchange(request(port))
+        assert isinstance(reply, H1Reply) and reply.pushable
+        stopped = await reply.push(sink, nothing)
+        await reply.aclose()
+        second = await t.exchange(request(port))
+        return got, stopped, await second.aread()
+
+    with Scripted([answers]) as up:
+        got, stopped, again = asyncio.run(run(up.port))
+        assert not stopped and b"".join(got) == b"".join(pieces)
+        assert again == b"again" and up.connections == 1  # read to its end: kept
+
+
+def test_a_sink_that_stops_gets_no_more_and_its_connection_is_not_kept() -> None:
+    def answers(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(HEAD + chunk(b"one;"))
+        time.sleep(0.05)
+        sock.sendall(chunk(b"stop;"))
+        time.sleep(0.05)
+        sock.sendall(chunk(b"after;") + b"0\r\n\r\n")
+        while sock.recv(65536):
+            pass
+
+    async def run(port: int) -> tuple[list[bytes], bool]:
+        t = H1Transport(httpx.Limits(max_connections=4, max_keepalive_connections=4))
+        got: list[bytes] = []
+
+        def sink(data: bytes) -> int:
+            got.append(data)
+            return STOP if b"stop;" in data else GO
+
+        reply = await t.exchange(request(port))
+        stopped = await reply.push(sink, nothing)
+        await reply.aclose()
+        await (await t.exchange(request(port))).aread()
+        return got, stopped
+
+    with Scripted([answers, answers]) as up:
+        got, stopped = asyncio.run(run(up.port))
+        assert stopped and b"".join(got).endswith(b"stop;") and b"after;" not in b"".join(got)
+        assert up.connections == 2  # not read to its end by the sink: closed, not kept
+
+
+def test_a_held_sink_gets_nothing_more_until_its_reader_drained() -> None:
+    go, sent_more = threading.Event(), threading.Event()
+
+    def answers(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(HEAD + chunk(b"first;"))
+        go.wait(WAIT_S)  # (once the sink holds)
+        sock.sendall(chunk(b"second;") + chunk(b"third;") + b"0\r\n\r\n")
+        sent_more.set()
+        while sock.recv(65536):
+            pass
+
+    async def run(port: int) -> tuple[list[bytes], list[bytes], bool]:
+        t = H1Transport(httpx.Limits(max_connections=4, max_keepalive_connections=4))
+        got: list[bytes] = []
+        drained = asyncio.Event()
+        draining = asyncio.Event()
+
+        def sink(data: bytes) -> int:
+            got.append(data)
+            return HOLD if len(got) == 1 else GO
+
+        async def drain() -> None:
+            draining.set()
+            await drained.wait()
+
+        reply = await t.exchange(request(port))
+        pushing = asyncio.ensure_future(reply.push(sink, drain))
+        await asyncio.wait_for(draining.wait(), WAIT_S)
+        go.set()
+        # The rest is sent while held: the loop runs on, and the sink is not called.
+        while not sent_more.is_set():
+            await asyncio.sleep(0.01)
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+        while_held = list(got)
+        drained.set()
+        stopped = await asyncio.wait_for(pushing, WAIT_S)
+        await reply.aclose()
+        return while_held, got, stopped
+
+    with Scripted([answers]) as up:
+        while_held, got, stopped = asyncio.run(run(up.port))
+        assert b"".join(while_held) == b"first;"
+        assert not stopped and b"".join(got) == b"first;second;third;"
+
+
+def test_the_read_timeout_bounds_each_wait_of_a_pushed_body_not_the_whole() -> None:
+    """A body that keeps coming for longer than the read timeout in all is pushed whole (the
+    one wait's deadline moves with every read); one that stops times out. (Each gap here is
+    ~0.05 s against a 2 s timeout: a busy machine does not make it fail.)"""
+    pieces = 60
+    release = threading.Event()
+
+    def steady(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(HEAD)
+        for _ in range(pieces):
+            time.sleep(0.05)
+            sock.sendall(chunk(b"ok"))
+        sock.sendall(b"0\r\n\r\n")
+        while sock.recv(65536):
+            pass
+
+    def stalls(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(HEAD + chunk(b"ok"))
+        release.wait(WAIT_S)
+
+    async def push_all(port: int, read_s: float) -> bytes:
+        t = H1Transport(httpx.Limits(max_connections=4, max_keepalive_connections=4))
+        got: list[bytes] = []
+        reply = await t.exchange(request(port, read_s))
+        try:
+            await reply.push(lambda data: got.append(data) or GO, nothing)
+        finally:
+            await reply.aclose()
+        return b"".join(got)
+
+    with Scripted([steady, stalls]) as up:
+        started = time.monotonic()
+        assert asyncio.run(push_all(up.port, 2.0)) == b"ok" * pieces
+        assert time.monotonic() - started > 2.0  # (longer than the timeout in all)
+        try:
+            with pytest.raises(httpx.ReadTimeout):
+                asyncio.run(push_all(up.port, 0.2))
+        finally:
+            release.set()
+
+
+def test_a_sink_that_raises_has_its_error_raised_by_push() -> None:
+    def answers(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(HEAD + chunk(b"one;"))
+        time.sleep(0.05)
+        sock.sendall(chunk(b"two;") + b"0\r\n\r\n")
+        while sock.recv(65536):
+            pass
+
+    async def run(port: int) -> None:
+        t = H1Transport(httpx.Limits(max_connections=4, max_keepalive_connections=4))
+
+        def sink(data: bytes) -> int:
+            raise ValueError("the sink's own bug")
+
+        reply = await t.exchange(request(port))
+        try:
+            await reply.push(sink, nothing)
+        finally:
+            await reply.aclose()
+
+    with Scripted([answers]) as up:
+        with pytest.raises(ValueError, match="the sink's own bug"):
+            asyncio.run(run(up.port))
