@@ -40,7 +40,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 
-from proxy.adapters.h1conn import HOLD, STOP, Conn, Gone, Requested, Sink, mapped
+from proxy.adapters.h1conn import GO, HOLD, STOP, Conn, Gone, Requested, Sink, mapped
 from proxy.adapters.upstreamcall import RawHeaders, UpstreamRequest, httpx_of, wire_head
 
 # A request body up to this size is joined to its head and sent in one write.
@@ -129,7 +129,7 @@ class H1Reply:
         read timeout (``httpx.ReadTimeout``), as ``chunks``'s are."""
         conn, request = self._conn, self._request
         read = request.timeout.get("read")
-        conn.sink, conn.said = sink, 0
+        conn.sink, conn.said = sink, GO
         try:
             if conn.chunks:  # what arrived before (with the answer's head)
                 conn.feed_sink(sink)
