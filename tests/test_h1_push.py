@@ -11,6 +11,7 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -218,3 +219,88 @@ def test_a_sink_that_raises_has_its_error_raised_by_push() -> None:
     with Scripted([answers]) as up:
         with pytest.raises(ValueError, match="the sink's own bug"):
             asyncio.run(run(up.port))
+
+
+def test_a_connection_whose_reader_had_the_whole_answer_waits_for_its_last_chunk() -> None:
+    """A stream's reader stops at its terminal event; the body's last HTTP chunk comes a
+    read later. With ``aclose(ended=True)`` the connection is kept once that chunk came (the
+    next request reuses it); more body instead, or a plain ``aclose``, closes it (#28)."""
+    go = threading.Event()
+
+    def answers(after_done: bytes) -> Callable[[socket.socket], None]:
+        def run(sock: socket.socket) -> None:
+            try:
+                while read_request(sock):
+                    sock.sendall(HEAD + chunk(b"data: [DONE]\n\n"))
+                    go.wait(WAIT_S)  # (once the reader closed its answer)
+                    go.clear()
+                    sock.sendall(after_done)
+            except OSError:
+                pass  # (the client closed the connection: reset)
+
+        return run
+
+    async def twice(port: int, ended: bool) -> None:
+        t = H1Transport(httpx.Limits(max_connections=1, max_keepalive_connections=1))
+        for _ in range(2):
+            reply = await t.exchange(request(port))
+            got = b"".join(await _until_done(reply))
+            assert got == b"data: [DONE]\n\n"
+            await reply.aclose(ended=ended)
+            go.set()
+        await t.aclose()
+
+    for after_done, ended, connections in (
+        (b"0\r\n\r\n", True, 1),  # the last chunk: kept, the next request reuses it
+        (b"0\r\n\r\n", False, 2),  # closed at once, as before
+        (chunk(b"data: more\n\n") + b"0\r\n\r\n", True, 2),  # more body: not kept
+    ):
+        with Scripted([answers(after_done), answers(after_done)]) as up:
+            asyncio.run(twice(up.port, ended))
+            assert up.connections == connections, (after_done, ended)
+
+
+def test_a_last_chunk_that_never_comes_frees_the_connection_in_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No last chunk: the connection is closed after ``END_WAIT_S`` and its pool slot
+    freed, so a pool of one serves the next request on a new connection."""
+    monkeypatch.setattr("proxy.adapters.h1.END_WAIT_S", 0.2)
+    release = threading.Event()
+
+    def stalls(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(HEAD + chunk(b"data: [DONE]\n\n"))
+        release.wait(WAIT_S)
+
+    def answers(sock: socket.socket) -> None:
+        read_request(sock)
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext")
+        release.wait(WAIT_S)
+
+    async def run(port: int) -> bytes:
+        t = H1Transport(httpx.Limits(max_connections=1, max_keepalive_connections=1))
+        reply = await t.exchange(request(port))
+        await _until_done(reply)
+        await reply.aclose(ended=True)
+        second = await asyncio.wait_for(t.exchange(request(port)), WAIT_S)
+        return await second.aread()
+
+    with Scripted([stalls, answers]) as up:
+        try:
+            assert asyncio.run(run(up.port)) == b"next"
+            assert up.connections == 2
+        finally:
+            release.set()
+
+
+async def _until_done(reply: H1Reply) -> list[bytes]:
+    """The body pushed up to its ``[DONE]`` event (where a stream's reader stops)."""
+    got: list[bytes] = []
+
+    def sink(data: bytes) -> int:
+        got.append(data)
+        return STOP if b"[DONE]" in b"".join(got) else GO
+
+    await reply.push(sink, nothing)
+    return got

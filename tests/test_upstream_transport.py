@@ -254,6 +254,32 @@ def test_a_compressed_answer_reaches_the_official_client_decoded(
         assert len(asked) == 2 and all("gzip" in r.headers["accept-encoding"] for r in asked)
 
 
+def test_a_stream_ended_at_its_last_event_keeps_its_upstream_connection(tmp_path: Path) -> None:
+    """The strict upstream sends a stream's last HTTP chunk a while after ``[DONE]``
+    (``x-test-close-delay``): the proxy ends the client's answer at ``[DONE]`` and still
+    keeps the connection once that chunk came, so with a pool of one connection every
+    request of the official client goes on the same one (#28: closing it cost each next
+    request a new connection; with TLS, a handshake)."""
+    with (
+        ScriptedUpstream() as up,
+        ProxyProcess(tmp_path, up.base_url, upstream={"max_connections": 1}) as px,
+    ):
+        client = openai.OpenAI(
+            base_url=px.base_url, api_key="sk-kept", max_retries=0,
+            default_headers={"x-test-close-delay": "0.05"},
+        )  # fmt: skip
+        texts = []
+        for i in range(4):
+            messages = [{"role": "user", "content": f"say something {i}"}]
+            stream = client.chat.completions.create(
+                model="gpt-4o-mini", messages=messages, stream=True
+            )
+            texts.append("".join(c.choices[0].delta.content or "" for c in stream if c.choices))
+        assert all(texts)
+        peers = [r.peer for r in up.chat_requests()]
+        assert len(peers) == 4 and len(set(peers)) == 1, peers
+
+
 def test_a_stalled_stream_ends_with_an_error_event(proxy: ProxyProcess) -> None:
     url = f"{proxy.base_url}/chat/completions"
     with httpx.stream("POST", url, json=_body("stall"), timeout=WAIT_S) as r:

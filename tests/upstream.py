@@ -64,6 +64,7 @@ class Recorded:
     purpose: str | None
     query: str = ""
     at: float = field(default_factory=time.monotonic)
+    peer: str = ""  # the proxy's end of the connection it came on (host:port)
 
 
 def default_count_tokens(messages: Any) -> int:
@@ -349,6 +350,7 @@ class ScriptedUpstream:
                 parsed,
                 headers.get(PURPOSE_HEADER),
                 request.url.query,
+                peer=f"{request.client.host}:{request.client.port}" if request.client else "",
             )
             with self._lock:
                 self.requests.append(rec)

@@ -45,6 +45,9 @@ from proxy.adapters.upstreamcall import RawHeaders, UpstreamRequest, httpx_of, w
 
 # A request body up to this size is joined to its head and sent in one write.
 ONE_WRITE = 64 * 1024
+# How long a connection whose reader had the whole answer (a stream's terminal event) waits
+# for the rest of the body's framing before it is closed rather than kept (``done_with``).
+END_WAIT_S = 1.0
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS", "TRACE"})
 
 
@@ -151,12 +154,14 @@ class H1Reply:
             conn.sink = None
             conn.unhold()
 
-    async def aclose(self) -> None:
+    async def aclose(self, ended: bool = False) -> None:
+        """Done with the answer. ``ended``: its reader had all of it (a stream's terminal
+        event), so the body's last bytes still on the way do not cost the connection."""
         if self._decoded is not None:
             await self._decoded.aclose()  # its stream gives the connection back
         elif not self._done:
             self._done = True
-            self._owner.done_with(self._conn)
+            self._owner.done_with(self._conn, ended)
 
 
 class H1Transport(httpx.AsyncBaseTransport):
@@ -234,10 +239,23 @@ class H1Transport(httpx.AsyncBaseTransport):
             raise
         raise AssertionError("unreachable")
 
-    def done_with(self, conn: Conn) -> None:
-        """An answer's reader is done: its connection kept if read to its end, else closed."""
+    def done_with(self, conn: Conn, ended: bool = False) -> None:
+        """An answer's reader is done: its connection kept if read to its end, else closed.
+
+        ``ended``: the reader stopped at the answer's last event (a stream's ``[DONE]``),
+        and the body's framing (the last HTTP chunk) may be a read behind it: the connection
+        is kept if that is all that comes, within ``END_WAIT_S`` (else closed). Closing it
+        at once cost the next request a new connection, with TLS a handshake (#28)."""
         done = conn.complete and not conn.chunks
+        if ended and not done and not conn.complete and not conn.chunks and not conn.closed:
+            if conn.error is None:
+                conn.when_ended(lambda: self._ended(conn), END_WAIT_S)
+                return
         self.release(conn, reuse=done and conn.keep_alive)
+
+    def _ended(self, conn: Conn) -> None:
+        clean = conn.complete and not conn.chunks and conn.error is None
+        self.release(conn, reuse=clean and conn.keep_alive)
 
     async def _head(self, conn: Conn, read: float | None, request: Requested) -> None:
         while not conn.head_done:

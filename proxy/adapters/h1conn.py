@@ -67,6 +67,9 @@ class Conn(asyncio.Protocol):
         self.said = GO
         self.held = False
         self.sink_error: BaseException | None = None
+        # ``when_ended``: called once the answer's end (or anything else) arrives, or in time.
+        self._then: Callable[[], None] | None = None
+        self._then_timer: asyncio.TimerHandle | None = None
         self._disarm()  # (a timer of the connection's previous answer)
 
     # ---- asyncio.Protocol ----------------------------------------------------------------
@@ -180,6 +183,23 @@ class Conn(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+        if self._then is not None:
+            self._settle()
+
+    def when_ended(self, then: Callable[[], None], within: float) -> None:
+        """``then()`` at the next thing that happens on this connection (the answer's end,
+        more body, an error, the connection lost) or after ``within`` seconds, whichever
+        comes first; ``then`` looks at the state it finds."""
+        self._then = then
+        self._then_timer = asyncio.get_running_loop().call_later(within, self._settle)
+
+    def _settle(self) -> None:
+        then, self._then = self._then, None
+        if self._then_timer is not None:
+            self._then_timer.cancel()
+            self._then_timer = None
+        if then is not None:
+            then()
 
     async def wait(self, timeout: float | None, request: Requested) -> None:
         """Until something more happened (bytes, the end, an error); ``httpx.ReadTimeout``

@@ -79,7 +79,7 @@ class Reply(Protocol):
     def headers(self) -> Any: ...  # ``items``, ``get`` and ``in`` as ``httpx.Headers``
     def chunks(self) -> AsyncIterator[bytes]: ...
     async def aread(self) -> bytes: ...
-    async def aclose(self) -> None: ...
+    async def aclose(self, ended: bool = False) -> None: ...
 
 
 class HttpxReply:
@@ -109,7 +109,7 @@ class HttpxReply:
     async def aread(self) -> bytes:
         return await self.response.aread()
 
-    async def aclose(self) -> None:
+    async def aclose(self, ended: bool = False) -> None:
         await self.response.aclose()
 
 

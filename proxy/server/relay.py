@@ -316,7 +316,7 @@ async def _relay_events(
     finally:
         ending.usage, ending.model = reads.usage or None, reads.model
         # Also runs when the client goes away: closing cancels the upstream request.
-        await upstream.aclose()
+        await upstream.aclose(ended=reads.ended)
 
 
 class PushedEvents:
@@ -362,7 +362,7 @@ class PushedEvents:
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         finally:
             ending.usage, ending.model = reads.usage or None, reads.model
-            await upstream.aclose()
+            await upstream.aclose(ended=reads.ended)
 
     async def aclose(self) -> None:
         await self.upstream.aclose()  # (once: a second close does nothing)
