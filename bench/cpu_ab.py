@@ -1,7 +1,8 @@
 """The proxy's CPU per request, two source trees side by side (#28).
 
     python -m bench.cpu_ab --before /tmp/before [--after .] [--rounds 5] [--duration 2]
-        [--concurrency 8] [--floor] [--agent] [--drip-events N --drip-ms M] [--json PATH]
+        [--concurrency 8] [--floor] [--agent] [--drip-events N --drip-ms M] [--tls]
+        [--json PATH]
 
 One fast upstream (``bench.upstream_fast``) and one ``compaction-proxy serve`` per tree (the
 tree first on ``PYTHONPATH``, one worker, a diskcache store, the default config), each fed
@@ -23,7 +24,8 @@ substitution rows are, into a store each tree starts from): a long session's req
 body is over ``OFFLOAD_BYTES`` from ~270 messages on. ``--drip-events N --drip-ms M``
 measures streams only, each answered as a provider sends one: N events, a write each, M ms
 apart (``bench.upstream_fast --drip-events``); a proxy busy for longer than M reads several
-at once. Nothing is asserted.
+at once. ``--tls`` puts the upstream behind HTTPS, as providers are (the trees trust its
+self-signed certificate through ``SSL_CERT_FILE``). Nothing is asserted.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 import yaml
 
+from bench import tlscert
 from bench.agent_body import agent_body
 from bench.overhead import (
     MEASURE_COMPACTION,
@@ -207,15 +210,22 @@ def run(
     agent: bool = False,
     subst: tuple[int, ...] = (),
     drip: tuple[int, float] = (0, 1.0),
+    tls: bool = False,
 ) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="bench-cpu-ab-"))
-    upstream = FastUpstream(work / "upstream.log", drip_events=drip[0], drip_ms=drip[1]).start()
+    pair = tlscert.self_signed(work) if tls else None
+    upstream = FastUpstream(
+        work / "upstream.log", drip_events=drip[0], drip_ms=drip[1], tls=pair
+    ).start()
     seed = work / "seeded-store" if subst else None
     if seed is not None:  # the compactions every tree starts from
         seed_records(work, upstream, subst, seed, key=KEY)
     servers: list[Tree | FloorRelay] = [
         Tree(name, root, work, upstream.base_url, seed) for name, root in trees.items()
     ]
+    for tree in servers:
+        if pair is not None and isinstance(tree, Tree):  # (trusted as httpx reads it)
+            tree.env["SSL_CERT_FILE"] = str(pair[0])
     if floor:  # the least a Python proxy that parses every body does, beside them
         servers.append(FloorRelay(work, upstream.port, read_body=True))
     profile = Profile("cpu_ab", 50, (), (concurrency,), 0.5, duration, 1_000_000)
@@ -262,6 +272,7 @@ def run(
         "conversations": conversations,
         "drip_events": drip[0],
         "drip_ms": drip[1],
+        "tls": tls,
     }
 
 
@@ -273,6 +284,7 @@ def markdown(results: dict[str, Any]) -> str:
             if results.get("drip_events")
             else ""
         )
+        + ("the upstream over HTTPS; " if results.get("tls") else "")
         + "load average at the end "
         + ", ".join(f"{x:.2f}" for x in results["load_average"]),
         "",
@@ -322,8 +334,16 @@ def main(argv: list[str] | None = None) -> int:
         help="streams only, the upstream sending each as N events, a write each",
     )
     parser.add_argument("--drip-ms", type=float, default=1.0, help="the time between them")
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="the upstream over HTTPS (a self-signed certificate the trees trust), as providers"
+        " are; not with --floor (the floor relay speaks plain TCP to its upstream)",
+    )
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
+    if args.tls and args.floor:
+        parser.error("--tls and --floor do not go together")
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     results = run(
         trees,
@@ -335,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         args.agent,
         tuple(args.subst),
         (args.drip_events, args.drip_ms),
+        args.tls,
     )
     return report(results, args.json, markdown)
 

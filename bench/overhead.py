@@ -148,21 +148,29 @@ class FastUpstream:
     """``python -m bench.upstream_fast`` on a free port of 127.0.0.1."""
 
     def __init__(
-        self, log_path: Path, delay_ms: float = 0.0, drip_events: int = 0, drip_ms: float = 1.0
+        self,
+        log_path: Path,
+        delay_ms: float = 0.0,
+        drip_events: int = 0,
+        drip_ms: float = 1.0,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.log_path = log_path
         self.delay_ms = delay_ms
         self.drip = ["--drip-events", str(drip_events), "--drip-ms", str(drip_ms)]
+        self.tls = tls  # (certificate, key): HTTPS, trusted by its clients' SSL_CERT_FILE
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1"
 
     def start(self) -> FastUpstream:
         module = ["bench.upstream_fast", "--port", "0", "--delay-ms", str(self.delay_ms)]
         module += self.drip  # (streams as providers send them: an event a write)
+        if self.tls:
+            module += ["--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])]
         self.proc, self.port = start_ready(module, self.log_path, "fast upstream")
         return self
 

@@ -10,7 +10,8 @@ keep-alive, no logging, no JSON parsing of the request: the benchmark wants an u
 own cost is a small, constant part of every row. ``--delay-ms`` holds every answer that long
 (a provider's time to answer; the event loop stays free meanwhile). ``--drip-events N``
 streams replies as a provider does: N events (the last one ``[DONE]``), each in a write of
-its own, ``--drip-ms`` apart, so a proxy relays each on its own. It prints
+its own, ``--drip-ms`` apart, so a proxy relays each on its own. ``--tls-cert``/``--tls-key``
+serve it over HTTPS, as providers are (``bench.tlscert`` makes a pair). It prints
 ``ready <port>`` on stdout once it listens. Only ever bind it to 127.0.0.1.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ssl
 import sys
 import time
 from typing import Any
@@ -254,9 +256,9 @@ class UpstreamProtocol(asyncio.Protocol):
         send(0)
 
 
-async def serve(host: str, port: int) -> None:
+async def serve(host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(UpstreamProtocol, host, port, backlog=1024)
+    server = await loop.create_server(UpstreamProtocol, host, port, backlog=1024, ssl=tls)
     actual = server.sockets[0].getsockname()[1]
     print(f"ready {actual}", flush=True)
     async with server:
@@ -275,7 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         help="stream replies as this many events (at most 2,000), each in a write of its own",
     )
     parser.add_argument("--drip-ms", type=float, default=1.0, help="the time between them")
+    parser.add_argument("--tls-cert", help="serve HTTPS with this certificate (PEM)")
+    parser.add_argument("--tls-key", help="and this key (PEM)")
     args = parser.parse_args(argv)
+    tls = None
+    if args.tls_cert:
+        tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        tls.load_cert_chain(args.tls_cert, args.tls_key)
     UpstreamProtocol.delay_s = max(args.delay_ms, 0.0) / 1000
     UpstreamProtocol.drip_events = min(max(args.drip_events, 0), len(DRIP_WORDS))
     UpstreamProtocol.drip_s = max(args.drip_ms, 0.0) / 1000
@@ -284,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:  # plain asyncio works, a little slower
         from asyncio import run  # type: ignore[assignment]
     try:
-        run(serve(args.host, args.port))
+        run(serve(args.host, args.port, tls))
     except KeyboardInterrupt:
         pass
     return 0

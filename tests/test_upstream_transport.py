@@ -171,8 +171,7 @@ def test_a_slow_client_holds_the_upstream_back_and_gets_every_event(
         sock.connect(("127.0.0.1", proxy.port))
         sock.sendall(
             b"POST /v1/chat/completions HTTP/1.1\r\nhost: proxy\r\nconnection: close\r\n"
-            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(payload)
-            + payload
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(payload) + payload
         )
         got = bytearray()
         while b'"first"' not in got:
