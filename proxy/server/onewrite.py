@@ -48,17 +48,6 @@ class OneWriteTransport:
             self._loop.call_soon(self.flush)
         self._held.append(bytes(data))
 
-    def write_now(self, data: bytes) -> None:
-        """``data`` sent at once, after what is held (a stream's read pushed from a
-        callback: nothing else of this response comes in this turn, ``proxy.server.push``)."""
-        held = self._held
-        if held:
-            self._held = []
-            held.append(data)
-            data = b"".join(held)
-        if not self._real.is_closing():
-            self._real.write(data)
-
     def flush(self) -> None:
         """Send what is held, in one write."""
         held = self._held

@@ -34,9 +34,10 @@ class ChunkWriter:
 
     def __init__(self, cycle: Any) -> None:
         self._cycle = cycle
-        transport = cycle.transport
-        # (``OneWriteTransport``: what it holds goes first; this write is not held.)
-        self._write: Callable[[bytes], None] = getattr(transport, "write_now", transport.write)
+        # (``OneWriteTransport``: held to the end of the loop's turn, so a read that also
+        # ends the stream leaves in one write with the response's end, its head too when it
+        # came with the head: a write a short answer, as pulled.)
+        self._write: Callable[[bytes], None] = cycle.transport.write
 
     @classmethod
     def of(cls, send: Send) -> ChunkWriter | None:
