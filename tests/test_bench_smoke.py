@@ -572,3 +572,36 @@ def test_the_fast_upstream_drips_a_stream_an_event_a_write(tmp_path: Path) -> No
             assert all(e.startswith(b"data: ") for e in events)
     finally:
         upstream.stop()
+
+
+def test_the_fast_upstream_serves_https_that_a_proxy_trusting_its_certificate_reaches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``bench.cpu_ab --tls``: the fast upstream behind TLS with ``bench.tlscert``'s
+    certificate; a client that does not trust it is refused, and ``compaction-proxy serve``
+    with ``SSL_CERT_FILE`` naming it forwards to it (what each tree gets)."""
+    import ssl
+
+    import httpx
+
+    from bench import tlscert
+    from bench.overhead import FastUpstream
+    from tests.proxyproc import ProxyProcess
+
+    pair = tlscert.self_signed(tmp_path)
+    upstream = FastUpstream(tmp_path / "up.log", tls=pair).start()
+    try:
+        assert upstream.base_url.startswith("https://127.0.0.1:")
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+        url = f"{upstream.base_url}/chat/completions"
+        with pytest.raises(httpx.ConnectError):
+            httpx.post(url, json=body, timeout=30)  # (not trusted)
+        trusted = ssl.create_default_context(cafile=str(pair[0]))
+        assert httpx.post(url, json=body, timeout=30, verify=trusted).status_code == 200
+        monkeypatch.setenv("SSL_CERT_FILE", str(pair[0]))  # (the proxy process inherits it)
+        with ProxyProcess(tmp_path, upstream.base_url) as px:
+            answer = httpx.post(f"{px.base_url}/chat/completions", json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["message"]["content"]
+    finally:
+        upstream.stop()
