@@ -30,14 +30,14 @@ class ChunkWriter:
     """Writes HTTP chunks of a started, chunked response on uvicorn's httptools protocol,
     as its ``send`` would for ``http.response.body`` with ``more_body``."""
 
-    __slots__ = ("_cycle", "_write")
+    __slots__ = ("_cycle", "_write", "_write_now")
 
     def __init__(self, cycle: Any) -> None:
         self._cycle = cycle
-        # (``OneWriteTransport``: held to the end of the loop's turn, so a read that also
-        # ends the stream leaves in one write with the response's end, its head too when it
-        # came with the head: a write a short answer, as pulled.)
-        self._write: Callable[[bytes], None] = cycle.transport.write
+        transport = cycle.transport
+        self._write: Callable[[bytes], None] = transport.write
+        # (``OneWriteTransport``: what it holds, the head, goes first, in the same write.)
+        self._write_now: Callable[[bytes], None] = getattr(transport, "write_now", transport.write)
 
     @classmethod
     def of(cls, send: Send) -> ChunkWriter | None:
@@ -51,13 +51,16 @@ class ChunkWriter:
             return None
         return cls(cycle)
 
-    def write(self, data: bytes) -> int:
+    def write(self, data: bytes, last: bool = False) -> int:
         """``data`` as one chunk: GO, STOP when the client is gone (nothing more to read
-        for it), HOLD when its socket's buffer is full (read on once ``drain`` returned)."""
+        for it), HOLD when its socket's buffer is full (read on once ``drain`` returned).
+        ``last``: the stream's end is in it, and the response's end follows in this turn of
+        the loop: held, so that both leave in one write (a short answer: one write, as
+        pulled); any other read is written at once."""
         cycle = self._cycle
         if cycle.disconnected:
             return STOP
-        self._write(b"%x\r\n%b\r\n" % (len(data), data))
+        (self._write if last else self._write_now)(b"%x\r\n%b\r\n" % (len(data), data))
         return HOLD if cycle.flow.write_paused else GO
 
     async def drain(self) -> None:

@@ -346,7 +346,7 @@ class PushedEvents:
             out = reads.read(chunk)
             if reads.ended:
                 ending.status = 200  # before the write: the client may close once it has it
-            said = writer.write(out) if out else GO
+            said = writer.write(out, reads.ended) if out else GO
             return STOP if reads.ended else said
 
         try:
