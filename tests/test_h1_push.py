@@ -304,3 +304,47 @@ async def _until_done(reply: H1Reply) -> list[bytes]:
 
     await reply.push(sink, nothing)
     return got
+
+
+def test_a_stream_the_server_cannot_take_pushed_is_pulled_with_the_same_events() -> None:
+    """``relay.PushedEvents`` with a ``send`` that is not uvicorn's httptools cycle (another
+    ASGI server): the stream is pulled as before, the same events sent as ASGI messages, the
+    usage read, the terminal event ending it (and the connection kept, #28)."""
+    from proxy.core.surfaces import OPENAI_CHAT
+    from proxy.server.relay import Ending, PushedEvents
+
+    usage = b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n'
+    events = [b'data: {"choices":[{"delta":{"content":"hi"}}]}\n\n', usage, b"data: [DONE]\n\n"]
+
+    def answers(sock: socket.socket) -> None:
+        try:
+            while read_request(sock):
+                sock.sendall(HEAD + chunk(events[0]))
+                time.sleep(0.05)
+                sock.sendall(chunk(events[1] + events[2]))
+                time.sleep(0.05)
+                sock.sendall(b"0\r\n\r\n")
+        except OSError:
+            pass
+
+    async def run(port: int) -> tuple[list[dict], Ending]:
+        t = H1Transport(httpx.Limits(max_connections=1, max_keepalive_connections=1))
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        ending = Ending()
+        pushed = PushedEvents(OPENAI_CHAT, await t.exchange(request(port)), True, ending)
+        await pushed(send)
+        await pushed.aclose()
+        await (await t.exchange(request(port))).aclose()  # (waits for the one connection)
+        return sent, ending
+
+    with Scripted([answers, answers]) as up:
+        sent, ending = asyncio.run(run(up.port))
+        body = b"".join(m["body"] for m in sent)
+        assert all(m["type"] == "http.response.body" and m["more_body"] for m in sent)
+        assert body == events[0] + events[2]  # the usage-only event dropped (not asked for)
+        assert ending.status == 200 and ending.usage == {"prompt_tokens": 7, "completion_tokens": 2}
+        assert up.connections == 1

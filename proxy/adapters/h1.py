@@ -19,7 +19,9 @@ checks on all three):
   ``RemoteProtocolError`` for a broken or cut answer, ``ReadError`` for a reset;
 - a connection is reused only after an answer read to its end that allows keep-alive;
   closing an answer early closes its connection, so a client gone away ends the upstream's
-  work; idle connections are dropped after ``keepalive_expiry``; an idempotent request on a
+  work (a reader that had the whole answer, a stream's terminal event, says so: its
+  connection waits ``END_WAIT_S`` for the body's last chunk and is kept if that is all);
+  idle connections are dropped after ``keepalive_expiry``; an idempotent request on a
   kept connection the server closed meanwhile is retried once on a new one when nothing of
   the answer came back (RFC 9112 §9.3.1, as aiohttp does; a POST is never sent twice);
 - the body is never decoded here (httpx decodes ``Content-Encoding``); no cookies, no
@@ -27,7 +29,8 @@ checks on all three):
 
 The chat routes call ``exchange`` instead (``Forwarder.send``): the same request and the same
 connection handling, without httpx's request, response and stream objects around them
-(``upstreamcall``; ~50 us a request, #28). ``handle_async_request`` serves httpx's client
+(``upstreamcall``; ~50 us a request, #28); a stream's body is pushed to the relay from the
+connection's callbacks (``H1Reply.push``). ``handle_async_request`` serves httpx's client
 (the proxy's own detector and summarizer calls, the other routes).
 """
 
@@ -246,11 +249,10 @@ class H1Transport(httpx.AsyncBaseTransport):
         and the body's framing (the last HTTP chunk) may be a read behind it: the connection
         is kept if that is all that comes, within ``END_WAIT_S`` (else closed). Closing it
         at once cost the next request a new connection, with TLS a handshake (#28)."""
+        if ended and not (conn.complete or conn.chunks or conn.closed or conn.error):
+            conn.when_ended(lambda: self._ended(conn), END_WAIT_S)
+            return
         done = conn.complete and not conn.chunks
-        if ended and not done and not conn.complete and not conn.chunks and not conn.closed:
-            if conn.error is None:
-                conn.when_ended(lambda: self._ended(conn), END_WAIT_S)
-                return
         self.release(conn, reuse=done and conn.keep_alive)
 
     def _ended(self, conn: Conn) -> None:
