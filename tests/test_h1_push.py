@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -348,3 +349,72 @@ def test_a_stream_the_server_cannot_take_pushed_is_pulled_with_the_same_events()
         assert body == events[0] + events[2]  # the usage-only event dropped (not asked for)
         assert ending.status == 200 and ending.usage == {"prompt_tokens": 7, "completion_tokens": 2}
         assert up.connections == 1
+
+
+def test_the_chunk_writer_is_made_only_for_a_started_chunked_response_of_uvicorns_cycle() -> None:
+    """``ChunkWriter.of`` writes straight only on uvicorn's httptools cycle as it keeps its
+    state today: a started, incomplete, chunked response whose client is there; anything
+    else (another server's ``send``, a whole or finished response, a cycle missing what it
+    reads) gets its stream pulled."""
+    import logging
+
+    from uvicorn.protocols.http.flow_control import FlowControl
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
+    from proxy.server.front import Tracked
+    from proxy.server.push import ChunkWriter
+
+    class Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.written.append(data)
+
+        def pause_reading(self) -> None:
+            pass
+
+        def resume_reading(self) -> None:
+            pass
+
+    async def run() -> None:
+        def cycle(**state: Any) -> RequestResponseCycle:
+            transport = Transport()
+            made = RequestResponseCycle(
+                scope={"type": "http", "method": "POST"}, transport=transport,  # type: ignore[arg-type]
+                flow=FlowControl(transport), logger=logging.getLogger("t"),  # type: ignore[arg-type]
+                access_logger=logging.getLogger("t"), access_log=False, default_headers=[],
+                message_event=asyncio.Event(), expect_100_continue=False, keep_alive=True,
+                on_response=lambda: None,
+            )  # fmt: skip
+            made.response_started, made.chunked_encoding = True, True
+            for name, value in state.items():
+                if value is None:
+                    delattr(made, name)
+                else:
+                    setattr(made, name, value)
+            return made
+
+        async def plain(message: Any) -> None:
+            return None
+
+        ok = cycle()
+        writer = ChunkWriter.of(Tracked(ok.send))
+        assert writer is not None and writer.write(b"data: x\n\n") == GO
+        assert ok.transport.written == [b"9\r\ndata: x\n\n\r\n"]  # type: ignore[attr-defined]
+        ok.disconnected = True
+        assert writer.write(b"data: y\n\n") == STOP and len(ok.transport.written) == 1  # type: ignore[attr-defined]
+        assert ChunkWriter.of(plain) is None
+        assert ChunkWriter.of(Tracked(plain)) is None
+        for state in (
+            {"response_started": False},
+            {"response_complete": True},
+            {"disconnected": True},
+            {"chunked_encoding": False},  # (a Content-Length response)
+            {"chunked_encoding": None},  # (a cycle without the attribute)
+            {"flow": None},
+            {"scope": {"type": "http", "method": "HEAD"}},
+        ):
+            assert ChunkWriter.of(Tracked(cycle(**state).send)) is None, state
+
+    asyncio.run(run())

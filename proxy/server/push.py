@@ -25,6 +25,9 @@ from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from proxy.adapters.h1conn import GO, HOLD, STOP
 
+# What ``ChunkWriter.of`` reads of uvicorn's cycle, and must find as (True, False, False, True).
+_STATE = ("response_started", "response_complete", "disconnected", "chunked_encoding")
+
 
 class ChunkWriter:
     """Writes HTTP chunks of a started, chunked response on uvicorn's httptools protocol,
@@ -41,13 +44,20 @@ class ChunkWriter:
 
     @classmethod
     def of(cls, send: Send) -> ChunkWriter | None:
-        """The writer for ``send``'s response, if it can be written straight (else None)."""
+        """The writer for ``send``'s response, if it can be written straight (else None).
+        The cycle's state is read as the uvicorn of today keeps it; one that keeps it
+        otherwise gets its stream pulled, never a write on a state it does not have."""
         cycle = getattr(getattr(send, "raw", send), "__self__", None)
         if type(cycle) is not RequestResponseCycle:
             return None
-        if not cycle.response_started or cycle.response_complete or cycle.disconnected:
+        state = tuple(getattr(cycle, name, None) for name in _STATE)
+        if state != (True, False, False, True) or not hasattr(cycle, "transport"):
+            return None  # (started, not complete, client there, chunked)
+        flow = getattr(cycle, "flow", None)
+        if not isinstance(getattr(flow, "write_paused", None), bool) or not hasattr(flow, "drain"):
             return None
-        if cycle.chunked_encoding is not True or cycle.scope.get("method") == "HEAD":
+        scope = getattr(cycle, "scope", None)
+        if not isinstance(scope, dict) or scope.get("method") == "HEAD":
             return None
         return cls(cycle)
 
