@@ -393,11 +393,6 @@ def test_a_post_is_never_sent_twice() -> None:
         assert up.connections == 1
 
 
-def self_signed(tmp_path: Path) -> tuple[Path, Path]:
-    """A certificate for ``localhost`` and its key (PEM files)."""
-    return tlscert.self_signed(tmp_path)
-
-
 class TlsScripted(Scripted):
     """``Scripted`` behind TLS with the given certificate."""
 
@@ -433,7 +428,7 @@ def https_call(port: int, transport: H1Transport) -> bytes:
 def test_https_verifies_the_certificate_and_keeps_the_connection(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    cert, key = self_signed(tmp_path)
+    cert, key = tlscert.self_signed(tmp_path)
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # trusted as httpx would trust it
     with TlsScripted([], cert, key) as up:
         up.scripts.append(up.answers(ok(b"secure"), ok(b"again")))
@@ -445,7 +440,7 @@ def test_https_verifies_the_certificate_and_keeps_the_connection(
 
 
 def test_an_untrusted_certificate_is_a_connect_error(tmp_path: Path) -> None:
-    cert, key = self_signed(tmp_path)
+    cert, key = tlscert.self_signed(tmp_path)
     with TlsScripted([], cert, key) as up:
         up.scripts.append(up.answers(ok(b"never")))
         with pytest.raises(httpx.ConnectError) as caught:

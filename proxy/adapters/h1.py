@@ -108,7 +108,7 @@ class H1Reply:
         self._decoded: httpx.Response | None = None
 
     def _encoded(self) -> httpx.Response | None:
-        if self._decoded is None and "content-encoding" in self.headers:
+        if self._decoded is None and not self.pushable:
             self._decoded = _response(self._conn, self._owner, self._request.httpx())
         return self._decoded
 

@@ -52,13 +52,8 @@ class OneWriteTransport:
         """``data`` sent at once, after what is held, in one write (a stream's read pushed
         from the upstream's callback, ``proxy.server.push``: holding it to the end of the
         turn cost a callback and gained nothing, as no more of this response comes in it)."""
-        held = self._held
-        if held:
-            self._held = []
-            held.append(data)
-            data = b"".join(held)
-        if not self._real.is_closing():
-            self._real.write(data)
+        self._held.append(data)
+        self.flush()
 
     def flush(self) -> None:
         """Send what is held, in one write."""

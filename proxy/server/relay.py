@@ -134,6 +134,24 @@ class Ending:
     def finish(self, service: Service, call: Call) -> Callable[[], None]:
         return lambda: service.finish(call, self.usage, self.status, response_model=self.model)
 
+    # ---- a stream's, shared by the pulled (``_relay_events``) and pushed relay ------------
+    def read(self, reads: StreamReads, chunk: bytes) -> bytes:
+        """``reads.read(chunk)``; complete (200) before the write of the terminal event: the
+        client may close once it has it."""
+        out = reads.read(chunk)
+        if reads.ended:
+            self.status = 200
+        return out
+
+    def broke(self, exc: httpx.HTTPError, surface: Surface) -> bytes | None:
+        """The stream broke: logged; the error event to send, unless it was complete."""
+        log.warning("upstream stream broke", extra={"error": type(exc).__name__})
+        return broken_event(surface) if self.status != 200 else None
+
+    def took(self, reads: StreamReads) -> None:
+        """What the stream's events said, once it is over."""
+        self.usage, self.model = reads.usage or None, reads.model
+
 
 async def relay(out: Outgoing, send: Send, receive: Receive) -> None:
     """Send ``out`` upstream and relay the answer, streamed or whole; ``Service.finish``
@@ -297,9 +315,7 @@ async def _relay_events(
         async for chunk in upstream.chunks():
             # Every event completed by this read goes out at once, in one write: nothing
             # waits for later bytes, and the client is not sent one syscall per event.
-            out = reads.read(chunk)
-            if reads.ended:
-                ending.status = 200  # before the write: the client may close once it has it
+            out = ending.read(reads, chunk)
             if out:
                 yield out
             if reads.ended:
@@ -310,11 +326,11 @@ async def _relay_events(
                 yield rest
             ending.status = 200
     except httpx.HTTPError as exc:
-        log.warning("upstream stream broke", extra={"error": type(exc).__name__})
-        if ending.status != 200:
-            yield broken_event(surface)
+        broken = ending.broke(exc, surface)
+        if broken:
+            yield broken
     finally:
-        ending.usage, ending.model = reads.usage or None, reads.model
+        ending.took(reads)
         # Also runs when the client goes away: closing cancels the upstream request.
         await upstream.aclose(ended=reads.ended)
 
@@ -343,9 +359,7 @@ class PushedEvents:
         reads = StreamReads(self.drop_usage)
 
         def sink(chunk: bytes) -> int:
-            out = reads.read(chunk)
-            if reads.ended:
-                ending.status = 200  # before the write: the client may close once it has it
+            out = ending.read(reads, chunk)
             said = writer.write(out, reads.ended) if out else GO
             return STOP if reads.ended else said
 
@@ -356,12 +370,11 @@ class PushedEvents:
                     await send({"type": "http.response.body", "body": rest, "more_body": True})
                 ending.status = 200
         except httpx.HTTPError as exc:
-            log.warning("upstream stream broke", extra={"error": type(exc).__name__})
-            if ending.status != 200:
-                body = broken_event(surface)
-                await send({"type": "http.response.body", "body": body, "more_body": True})
+            broken = ending.broke(exc, surface)
+            if broken:
+                await send({"type": "http.response.body", "body": broken, "more_body": True})
         finally:
-            ending.usage, ending.model = reads.usage or None, reads.model
+            ending.took(reads)
             await upstream.aclose(ended=reads.ended)
 
     async def aclose(self) -> None:
