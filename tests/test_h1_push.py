@@ -8,6 +8,7 @@ read timeout bounds each wait between reads, not the whole body; a sink's error 
 from __future__ import annotations
 
 import asyncio
+import select
 import socket
 import threading
 import time
@@ -264,6 +265,59 @@ def test_a_connection_whose_reader_had_the_whole_answer_waits_for_its_last_chunk
         with Scripted([answers(after_done), answers(after_done)]) as up:
             asyncio.run(twice(up.port, ended))
             assert up.connections == connections, (after_done, ended)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_loop_held_up_past_the_wait_still_keeps_a_connection_whose_chunk_came(
+    monkeypatch: pytest.MonkeyPatch, loop: str
+) -> None:
+    """The last chunk came in time but the event loop was busy past ``END_WAIT_S``: when it
+    runs again the wait's timer and the chunk are both due; the read must go first, or the
+    connection is closed (a busy worker would then reconnect, with TLS a handshake, for
+    nothing). asyncio and today's uvloop poll before they run timers; libuv before 1.45
+    ran timers first, which ``Conn._expire`` allows for."""
+    import uvloop
+
+    monkeypatch.setattr("proxy.adapters.h1.END_WAIT_S", 0.05)
+    go, sent = threading.Event(), threading.Event()
+
+    def answers(sock: socket.socket) -> None:
+        try:
+            read_request(sock)
+            sock.sendall(HEAD + chunk(b"data: [DONE]\n\n"))
+            go.wait(WAIT_S)
+            sock.sendall(b"0\r\n\r\n")
+            sent.set()
+            while read_request(sock):
+                sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nnext")
+        except OSError:
+            pass
+
+    async def run(port: int) -> bytes:
+        t = H1Transport(httpx.Limits(max_connections=1, max_keepalive_connections=1))
+        reply = await t.exchange(request(port))
+        raw = reply._conn.transport.get_extra_info("socket")
+        await _until_done(reply)
+        await reply.aclose(ended=True)  # waits END_WAIT_S for the last chunk
+        started = time.monotonic()
+        # The loop held up (no await): the chunk arrives and the wait's time passes.
+        go.set()
+        assert sent.wait(WAIT_S)
+        readable, _, _ = select.select([raw], [], [], WAIT_S)
+        assert readable
+        while time.monotonic() - started < 0.2:  # (4x the wait: its timer is due)
+            time.sleep(0.05)
+        second = await asyncio.wait_for(t.exchange(request(port)), WAIT_S)
+        try:
+            return await second.aread()
+        finally:
+            await second.aclose()
+            await t.aclose()
+
+    runner = uvloop.run if loop == "uvloop" else asyncio.run
+    with Scripted([answers, answers]) as up:
+        assert runner(run(up.port)) == b"next"
+        assert up.connections == 1
 
 
 def test_a_last_chunk_that_never_comes_frees_the_connection_in_time(

@@ -191,7 +191,21 @@ class Conn(asyncio.Protocol):
         more body, an error, the connection lost) or after ``within`` seconds, whichever
         comes first; ``then`` looks at the state it finds."""
         self._then = then
-        self._then_timer = asyncio.get_running_loop().call_later(within, self._settle)
+        self._then_timer = asyncio.get_running_loop().call_later(within, self._expire)
+
+    def _expire(self) -> None:
+        # The loop may have been held up past ``within`` with the awaited bytes already in
+        # the socket. libuv before 1.45 (older uvloop releases) runs due timers before the
+        # poll that would read them, and a callback a timer queues before it too: two hops
+        # of ``call_soon`` let one poll go first, so a stalled loop does not close a
+        # connection that ended in time. (asyncio and newer libuv poll first anyway.)
+        self._then_timer = None
+        loop = asyncio.get_running_loop()
+        loop.call_soon(loop.call_soon, self._settle_for, self._then)
+
+    def _settle_for(self, then: Callable[[], None] | None) -> None:
+        if then is not None and self._then is then:  # (not settled meanwhile)
+            self._settle()
 
     def _settle(self) -> None:
         then, self._then = self._then, None
