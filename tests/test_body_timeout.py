@@ -59,3 +59,26 @@ def test_a_body_that_stops_half_way_is_a_408(
     else:
         assert answer["error"]["code"] == "request_timeout"
     assert len(upstream.seen) == before  # nothing was forwarded
+
+
+def test_a_client_that_asks_to_continue_and_sends_nothing_is_a_408(
+    setup: tuple[ProxyProcess, RawUpstream],
+) -> None:
+    """``Expect: 100-continue``: the proxy says continue when it reads the body; a client
+    that then sends nothing is timed like one that stops half-way (the body is read without
+    a timer only when it came whole with its head, #28)."""
+    px, upstream = setup
+    before = len(upstream.seen)
+    with socket.create_connection(("127.0.0.1", px.port), timeout=60) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json"
+            b"\r\ncontent-length: 100\r\nexpect: 100-continue\r\n\r\n"
+        )
+        data = b""
+        while b'"request_timeout"' not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    assert data.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 408 "), data[:80]
+    assert len(upstream.seen) == before
