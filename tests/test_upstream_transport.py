@@ -27,8 +27,8 @@ from tests.upstream import ScriptedUpstream
 
 TRANSPORTS = ("h1", "aiohttp", "httpx")
 WAIT_S = 60.0  # only ever reached when something is broken
-# ``flood``: more than the sockets between the upstream and a stalled client can buffer
-# (loopback's receive buffers grow to 32 MiB here: tcp_rmem), in events of 64 KiB.
+# ``x-test-flood``: more than the sockets between the upstream and a stalled client can
+# buffer (loopback's receive buffers grow to 32 MiB here: tcp_rmem), in events of 64 KiB.
 FLOOD_EVENTS, FLOOD_PAD = 2048, 64 * 1024
 
 
@@ -46,13 +46,11 @@ def _event(text: str) -> bytes:
 class GatedUpstream:
     """Streams one event, then waits: for ``go`` (the rest follows), for the proxy to close
     the connection (``closed`` is set), or for nothing (a stall). The scenario is the first
-    user message's text: ``gate``, ``hangup`` or ``stall``; ``nohead`` never answers;
-    ``flood`` sends ``FLOOD_EVENTS`` big events as fast as the proxy reads them."""
+    user message's text: ``gate``, ``hangup`` or ``stall``; ``nohead`` never answers."""
 
     def __init__(self) -> None:
         self.go = threading.Event()
         self.closed = threading.Event()
-        self.flooded = threading.Event()  # ``flood``: the whole answer was sent
         self.release = threading.Event()  # ends stalls when the tests are done
         self._server = tcp_server(self._handle)
         self.port = self._server.server_address[1]
@@ -97,15 +95,6 @@ class GatedUpstream:
                 self.closed.set()  # the proxy closed its side
             except OSError:
                 self.closed.set()
-        elif scenario == "flood":
-            pad = "x" * FLOOD_PAD
-            try:
-                for i in range(FLOOD_EVENTS):
-                    sock.sendall(_chunked(_event(f"{i}:{pad}")))
-                sock.sendall(_chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
-                self.flooded.set()
-            except OSError:
-                pass
         else:  # stall
             self.release.wait(WAIT_S)
 
@@ -157,26 +146,38 @@ def test_events_are_relayed_one_by_one(proxy: ProxyProcess, upstream: GatedUpstr
     assert '"second"' in rest[0] and rest[-1] == "data: [DONE]"
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 def test_a_slow_client_holds_the_upstream_back_and_gets_every_event(
-    proxy: ProxyProcess, upstream: GatedUpstream
+    tmp_path: Path, transport: str
 ) -> None:
     """The official client stops reading a stream: the proxy stops reading the upstream (its
     answer is not piled up in the proxy's memory), and once the client reads on, every event
     arrives, in order, once (the h1 transport pushes a stream from its callbacks and holds
-    it, #28)."""
-    upstream.flooded.clear()
-    client = openai.OpenAI(base_url=proxy.base_url, api_key="sk-slow", max_retries=0)
-    stream = client.chat.completions.create(**_body("flood"), timeout=WAIT_S)
-    chunks = (chunk for chunk in stream if chunk.choices)
-    assert next(chunks).choices[0].delta.content == "first"
-    # Nothing more is read for a while: were the proxy reading on, the upstream would have
-    # sent its whole answer (more than the sockets between hold; a busy machine can only
-    # make this pass, never fail).
-    assert not upstream.flooded.wait(3.0), "the proxy read the answer ahead of its client"
-    contents = [chunk.choices[0].delta.content or "" for chunk in chunks]
-    assert upstream.flooded.is_set()
-    assert [c.partition(":")[0] for c in contents] == [str(i) for i in range(FLOOD_EVENTS)]
-    assert all(len(c.partition(":")[2]) == FLOOD_PAD for c in contents)
+    it, #28). The strict upstream floods the answer (``x-test-flood``) as fast as it is
+    read."""
+    with (
+        ScriptedUpstream() as up,
+        ProxyProcess(tmp_path, up.base_url, upstream={"transport": transport}) as px,
+    ):
+        client = openai.OpenAI(
+            base_url=px.base_url, api_key="sk-slow", max_retries=0,
+            default_headers={"x-test-flood": f"{FLOOD_EVENTS}:{FLOOD_PAD}"},
+        )  # fmt: skip
+        messages = [{"role": "user", "content": "tell me everything"}]
+        stream = client.chat.completions.create(
+            model="gpt-4o-mini", messages=messages, stream=True, timeout=WAIT_S
+        )
+        contents = (c.choices[0].delta.content for c in stream if c.choices)
+        texts = (text for text in contents if text)
+        assert next(texts).startswith("0:")
+        # Nothing more is read for a while: were the proxy reading on, the upstream would
+        # have sent its whole answer (more than the sockets between hold; a busy machine can
+        # only make this pass, never fail).
+        assert not up.flooded.wait(3.0), "the proxy read the answer ahead of its client"
+        rest = list(texts)
+        assert up.flooded.is_set()
+    assert [t.partition(":")[0] for t in rest] == [str(i) for i in range(1, FLOOD_EVENTS)]
+    assert all(len(t.partition(":")[2]) == FLOOD_PAD for t in rest)
 
 
 def test_a_client_gone_closes_the_upstream_connection(

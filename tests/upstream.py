@@ -225,6 +225,8 @@ class ScriptedUpstream:
         self.expect_rejections = expect_rejections
         self.refuse = refuse
         self.requests: list[Recorded] = []
+        # ``x-test-flood: N:PAD``: set once a flooded stream's last byte went to the socket.
+        self.flooded = threading.Event()
         self.rejections: list[dict[str, Any]] = []
         self.cached_log: list[tuple[int, int]] = []
         self._history: deque[bytes] = deque(maxlen=64)
@@ -479,6 +481,9 @@ class ScriptedUpstream:
             # x-test-close-delay: keep the connection open that long after [DONE].
             linger = _float(rec.headers.get("x-test-close-delay"))
             events = _sse(chunks, delay, linger, self._sleep)
+            if flood := rec.headers.get("x-test-flood"):
+                n, pad = (int(x) for x in flood.split(":"))
+                events = _flood_events(chunks, n, pad, self.flooded)
             if _gzip_asked(rec):
                 return StreamingResponse(
                     _gzip_stream(events),
@@ -735,6 +740,28 @@ def _float(value: str | None) -> float:
         return float(value) if value else 0.0
     except ValueError:
         return 0.0
+
+
+async def _flood_events(chunks: list[dict], n: int, pad: int, done: threading.Event):
+    """``n`` events of ``"<i>:" + pad x's`` each, as fast as the reader takes them, between
+    the answer's first chunk (its role) and its last ones (finish, usage); ``done`` is set
+    once the last was sent (Starlette asks for the next event once the last one's ``send``
+    returned)."""
+    first, *last = chunks
+    yield b"data: " + orjson.dumps(first) + b"\n\n"
+    filler = "x" * pad
+    for i in range(n):
+        event = {
+            **first,
+            "choices": [{**first["choices"][0], "delta": {"content": f"{i}:{filler}"}}],
+        }
+        yield b"data: " + orjson.dumps(event) + b"\n\n"
+    for c in last:
+        if c["choices"] and c["choices"][0]["delta"].get("content"):
+            continue  # (the scripted reply's own text: the flood is the answer)
+        yield b"data: " + orjson.dumps(c) + b"\n\n"
+    yield b"data: [DONE]\n\n"
+    done.set()
 
 
 def _stream_chunks(
