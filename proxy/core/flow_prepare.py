@@ -21,6 +21,7 @@ from proxy.core.errors import StoreError
 from proxy.core.fingerprint import conversation_id, earlier_conversation_id, fingerprint
 from proxy.core.flow_compact import may_share, persist
 from proxy.core.flow_watch import watch
+from proxy.core.frozen import quick_init
 from proxy.core.lookup import checked_record, checkpoint_keys, checkpoints_found, record_key
 from proxy.core.messages import Message
 from proxy.core.modelmap import context_window, provider_family
@@ -40,6 +41,7 @@ T = TypeVar("T")
 SETTLE_OFFLOAD_MESSAGES = 5000
 
 
+@quick_init
 @dataclass(frozen=True)
 class Request:
     """What a front door knows about one request besides its messages."""
@@ -66,6 +68,7 @@ class Request:
     shared: SharedCall | None = None
 
 
+@quick_init
 @dataclass(frozen=True)
 class Identity:
     fps: list[bytes]
@@ -75,6 +78,7 @@ class Identity:
     counts: list[int]
 
 
+@quick_init
 @dataclass(frozen=True)
 class State:
     """What the store holds about the conversation, as the request path needs it."""

@@ -13,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from proxy.core.frozen import quick_init
 from proxy.core.messages import SUMMARY_PREFIX, Message, tool_results
 from proxy.core.pins import ROUND_PIN, Pins, without_tool_results
 from proxy.core.records import Entry
 
 
+@quick_init
 @dataclass(frozen=True)
 class View:
     """A forwarded list with what each position forwards."""

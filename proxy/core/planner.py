@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from proxy.core.frozen import quick_init
 from proxy.core.messages import SUMMARY_PREFIX, Message, tool_results, tool_uses
 from proxy.core.settings import CompactionSettings
 from proxy.core.types import Case, CaseName
@@ -19,6 +20,7 @@ HOLD = "cost policy: "  # a decision held back because compacting now would not 
 TREADMILL = "no treadmill: "  # held back because the last LLM compaction is too recent
 
 
+@quick_init
 @dataclass(frozen=True)
 class Decision:
     """What to do with one request, and why (the reason goes to logs and events)."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core import layout, planner
+from proxy.core.frozen import quick_init
 from proxy.core.messages import Message, head_length
 from proxy.core.records import CompactionRecord, KnownRecords, body_start
 from proxy.core.settings import CompactionSettings
@@ -50,6 +51,7 @@ class Env:
         return cls(s, prompts, counter or TokenCounter(), tiers, KnownRecords(retention_s))
 
 
+@quick_init
 @dataclass(frozen=True)
 class Prepared:
     """One request after identification and substitution: what would be forwarded, and why."""

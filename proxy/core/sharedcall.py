@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from proxy.core.costs import Prices, input_cost
+from proxy.core.frozen import quick_init
 from proxy.core.messages import Message, render
 from proxy.core.stability import MAX_BREAKPOINTS, has_cache_marks, markable, with_marks
 from proxy.core.surfaces import ANTHROPIC_MESSAGES, OPENAI_RESPONSES, Surface, count_cache_marks
@@ -38,6 +39,7 @@ _LENGTH_KEYS = {
 }
 
 
+@quick_init
 @dataclass(frozen=True)
 class SharedCall:
     """What the front door knows to make the call: the surface, the client's body (its

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from proxy.core.frozen import quick_init
 from proxy.core.messages import Message
 
 MAX_BREAKPOINTS = 4
@@ -37,6 +38,7 @@ class TierThresholds:
 EDIT_MEMORY = 5
 
 
+@quick_init
 @dataclass(frozen=True)
 class StabilityState:
     """The tracker for one conversation: the items in order with their counts; and where the

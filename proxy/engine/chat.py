@@ -22,6 +22,7 @@ import orjson
 from proxy.adapters.forward import Forwarder, set_pair, upstream_pairs, upstream_url
 from proxy.adapters.upstreamcall import UpstreamRequest
 from proxy.core.fingerprint import tenant_id
+from proxy.core.frozen import quick_init
 from proxy.core.headers import compaction_headers
 from proxy.core.reprint import Reuse
 from proxy.core.sharedcall import SharedCall
@@ -34,6 +35,7 @@ from proxy.engine.service import Call, Service, too_long
 _DROPPED = frozenset({"accept-encoding"})
 
 
+@quick_init
 @dataclass(frozen=True)
 class ChatRequest:
     """One chat request as the server read it: parsed and validated once."""

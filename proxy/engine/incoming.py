@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from proxy.core.frozen import quick_init
 from proxy.core.messages import Message
 from proxy.core.reprint import Reuse
 from proxy.core.sharedcall import SharedCall
 
 
+@quick_init
 @dataclass(frozen=True)
 class Incoming:
     """One chat request as a front door describes it (plain values, no HTTP)."""

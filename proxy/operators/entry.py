@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from proxy.core import billing
+from proxy.core.frozen import quick_init
 from proxy.core.modelmap import model_info
 from proxy.core.planner import HOLD, TREADMILL, Decision
 from proxy.core.records import CompactionRecord
@@ -49,6 +50,7 @@ class PreparedView(Protocol):
     def changed(self) -> bool: ...
 
 
+@quick_init
 @dataclass(frozen=True)
 class RequestEntry:
     """One forwarded request, as recorded."""
