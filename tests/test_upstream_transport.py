@@ -243,7 +243,7 @@ def test_a_stream_ended_at_its_last_event_keeps_its_upstream_connection(tmp_path
     ):
         client = openai.OpenAI(
             base_url=px.base_url, api_key="sk-kept", max_retries=0,
-            default_headers={"x-test-close-delay": "0.05"},
+            default_headers={"x-test-close-delay": "0.01"},
         )  # fmt: skip
         texts = []
         for i in range(4):
