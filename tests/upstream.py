@@ -23,7 +23,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -483,7 +483,7 @@ class ScriptedUpstream:
             events = _sse(chunks, delay, linger, self._sleep)
             if flood := rec.headers.get("x-test-flood"):
                 n, pad = (int(x) for x in flood.split(":"))
-                events = _flood_events(chunks, n, pad, self.flooded)
+                events = _flooded(_sse(_flood_chunks(chunks, n, pad), 0.0), self.flooded)
             if _gzip_asked(rec):
                 return StreamingResponse(
                     _gzip_stream(events),
@@ -742,25 +742,22 @@ def _float(value: str | None) -> float:
         return 0.0
 
 
-async def _flood_events(chunks: list[dict], n: int, pad: int, done: threading.Event):
-    """``n`` events of ``"<i>:" + pad x's`` each, as fast as the reader takes them, between
-    the answer's first chunk (its role) and its last ones (finish, usage); ``done`` is set
-    once the last was sent (Starlette asks for the next event once the last one's ``send``
-    returned)."""
+def _flood_chunks(chunks: list[dict], n: int, pad: int) -> Iterator[dict]:
+    """``n`` chunks of ``"<i>:" + pad x's`` each between the answer's first chunk (its role)
+    and its last ones (finish, usage), in place of the scripted reply's own text."""
     first, *last = chunks
-    yield b"data: " + orjson.dumps(first) + b"\n\n"
+    yield first
     filler = "x" * pad
     for i in range(n):
-        event = {
-            **first,
-            "choices": [{**first["choices"][0], "delta": {"content": f"{i}:{filler}"}}],
-        }
-        yield b"data: " + orjson.dumps(event) + b"\n\n"
-    for c in last:
-        if c["choices"] and c["choices"][0]["delta"].get("content"):
-            continue  # (the scripted reply's own text: the flood is the answer)
-        yield b"data: " + orjson.dumps(c) + b"\n\n"
-    yield b"data: [DONE]\n\n"
+        yield {**first, "choices": [{**first["choices"][0], "delta": {"content": f"{i}:{filler}"}}]}
+    yield from (c for c in last if not (c["choices"] and c["choices"][0]["delta"].get("content")))
+
+
+async def _flooded(events: AsyncIterator[bytes], done: threading.Event):
+    """``events`` as fast as the reader takes them; ``done`` set once the last was sent
+    (Starlette asks for the next event once the last one's ``send`` returned)."""
+    async for event in events:
+        yield event
     done.set()
 
 
@@ -1012,7 +1009,7 @@ async def _gzip_stream(parts: Any) -> Any:
     yield packer.flush()
 
 
-async def _sse(chunks: list[dict], delay: float, linger: float = 0.0, sleep=asyncio.sleep):
+async def _sse(chunks: Iterable[dict], delay: float, linger: float = 0.0, sleep=asyncio.sleep):
     for i, c in enumerate(chunks):
         if delay and i:
             await asyncio.sleep(delay)

@@ -298,11 +298,10 @@ class mapped_errors:  # (lower case: used as ``async with mapped_errors(...)``, 
 
     def __init__(self, deadline_s: float | None = None) -> None:
         self._deadline_s = deadline_s
-        self._deadline = Deadline(deadline_s) if deadline_s is not None else None
+        self._deadline = Deadline(deadline_s)  # (None: none, and nothing registered)
 
     async def __aenter__(self) -> None:
-        if self._deadline is not None:
-            await self._deadline.__aenter__()
+        await self._deadline.__aenter__()
 
     async def __aexit__(
         self,
@@ -310,11 +309,10 @@ class mapped_errors:  # (lower case: used as ``async with mapped_errors(...)``, 
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        if self._deadline is not None:
-            try:
-                await self._deadline.__aexit__(exc_type, exc, tb)
-            except TimeoutError as timed_out:
-                exc = timed_out
+        try:
+            await self._deadline.__aexit__(exc_type, exc, tb)
+        except TimeoutError as timed_out:
+            exc = timed_out
         if isinstance(exc, TimeoutError):
             raise UpstreamTimeout(
                 f"upstream did not answer within {self._deadline_s or 0:g} s"

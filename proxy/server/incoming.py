@@ -9,7 +9,6 @@ from typing import Any
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive, Scope
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from proxy.config import Limits
 from proxy.core.errors import BadRequest, BodyTimeout, PayloadTooLarge
@@ -17,6 +16,7 @@ from proxy.core.reparse import Reparser
 from proxy.core.reprint import Reuse
 from proxy.core.surfaces import Surface
 from proxy.core.validation import parse_json_object
+from proxy.server.push import cycle_of
 
 
 def header_map(scope: Scope) -> dict[str, str]:
@@ -82,8 +82,8 @@ def _arrived(receive: Receive) -> bool:
     (nearly every request: it came with its head): its first message then carries all of
     it at once, and the body needs no timer (an ``asyncio.timeout`` is ~5 us, #28). Read as
     ``proxy.server.push`` reads the cycle: a cycle kept otherwise is timed as before."""
-    cycle = getattr(receive, "__self__", None)
-    if type(cycle) is not RequestResponseCycle:
+    cycle = cycle_of(receive)
+    if cycle is None:
         return False
     event = getattr(cycle, "message_event", None)
     return (

@@ -29,6 +29,14 @@ from proxy.adapters.h1conn import GO, HOLD, STOP
 _STATE = ("response_started", "response_complete", "disconnected", "chunked_encoding")
 
 
+def cycle_of(bound: Any) -> RequestResponseCycle | None:
+    """The uvicorn httptools cycle whose bound method ``bound`` is (its ``send`` or
+    ``receive``), else None: what this module and ``incoming`` read of it they read only
+    from the cycle of today's uvicorn."""
+    cycle = getattr(bound, "__self__", None)
+    return cycle if type(cycle) is RequestResponseCycle else None
+
+
 class ChunkWriter:
     """Writes HTTP chunks of a started, chunked response on uvicorn's httptools protocol,
     as its ``send`` would for ``http.response.body`` with ``more_body``."""
@@ -47,8 +55,8 @@ class ChunkWriter:
         """The writer for ``send``'s response, if it can be written straight (else None).
         The cycle's state is read as the uvicorn of today keeps it; one that keeps it
         otherwise gets its stream pulled, never a write on a state it does not have."""
-        cycle = getattr(getattr(send, "raw", send), "__self__", None)
-        if type(cycle) is not RequestResponseCycle:
+        cycle = cycle_of(getattr(send, "raw", send))
+        if cycle is None:
             return None
         state = tuple(getattr(cycle, name, None) for name in _STATE)
         if state != (True, False, False, True) or not hasattr(cycle, "transport"):
