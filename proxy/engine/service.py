@@ -253,7 +253,8 @@ class Service:
             latency = time.perf_counter() - call.started
         else:
             latency = call.overhead_s + max(upstream_s, 0.0)
-        _, cached, _, _ = ledger.usage_numbers(usage)
+        numbers = ledger.usage_numbers(usage)
+        cached = numbers[1]
         info_line(
             log, "request", {
                 "route": call.route,
@@ -289,6 +290,7 @@ class Service:
             latency_s=latency,
             overhead_s=call.overhead_s,
             cache_ttl_s=billing.rules_for(prepared.model, self.config.compaction).ttl_s,
+            numbers=numbers,
         )
         self.compactor.writer.record(entry, prepared.original, call.trace)
 
@@ -323,6 +325,7 @@ class Service:
     async def close(self, timeout: float = 30) -> None:
         """Wait for background compactions and queued writes; close the store if ours."""
         await self.compactor.drain(timeout=timeout)
+        self.metrics.fold()  # (a worker's files in multiprocess mode outlive it)
         if self.owns_store:
             self.store.close()
         if self.tracer is not None:  # export what is queued (the exporter's timeout bounds it)

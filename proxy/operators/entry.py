@@ -101,10 +101,13 @@ class RequestEntry:
         overhead_s: float,
         ts: float | None = None,
         cache_ttl_s: float | None = None,
+        numbers: tuple[int, int, int, int] | None = None,
     ) -> RequestEntry:
         """The entry for one prepared request and the upstream's usage (any API's shape).
-        ``ts``: when it was answered (default: now; a replay passes its own clock)."""
-        prompt, cached, write, completion = usage_numbers(usage)
+        ``ts``: when it was answered (default: now; a replay passes its own clock);
+        ``numbers``: ``usage_numbers(usage)`` when the caller has them already."""
+        numbers = usage_numbers(usage) if numbers is None else numbers
+        prompt, cached, write, completion = numbers
         reserve = getattr(prepared, "reserve_tokens", 0) or 0
         over = billing.over_window(prepared.model, prepared.original_tokens + reserve)
         return cls(

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import (
@@ -34,21 +33,21 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from proxy.core import billing
-from proxy.core.modelmap import model_info
 from proxy.core.types import COMPACTION_CASES, Case, Failure
 from proxy.operators.events import as_event
 from proxy.operators.quality_metrics import QualityMetrics
+from proxy.operators.request_series import (  # noqa: F401 (input_price: named here too)
+    MAX_MODEL_LABELS,
+    Folder,
+    RequestSeries,
+    input_price,
+)
 
 log = logging.getLogger("compaction_proxy.metrics")
 
 PREFIX = "compaction_proxy"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-# Model names come from clients: past this many distinct names a process reports "other",
-# so a client cannot grow the number of series without bound.
-MAX_MODEL_LABELS = 64
-_MAX_CHILD_SETS = 4096
 FAILURE_PURPOSES = ("detector", "summarizer")
 
 _LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -63,26 +62,6 @@ def multiprocess_enabled() -> bool:
     return bool(getattr(values.ValueClass, "_multiprocess", False))
 
 
-def input_price(model: str) -> float:
-    """USD per input token from LiteLLM's model map; 0.0 for an unknown or free model."""
-    info = model_info(model)
-    return info.input_cost_per_token if info and info.input_cost_per_token else 0.0
-
-
-@dataclass(frozen=True)
-class _RequestChildren:
-    """The series one kind of request (route, case, status, model) counts in."""
-
-    requests: Any
-    upstream_latency: Any
-    overhead: Any
-    cached_tokens: Any
-    original_tokens: Any
-    forwarded_tokens: Any
-    saved_tokens: Any
-    saved_usd: Any
-
-
 class Metrics:
     """The proxy's counters and histograms. Every ``observe_*`` method is cheap and never raises."""
 
@@ -94,10 +73,8 @@ class Metrics:
                 "PROMETHEUS_MULTIPROC_DIR was set after prometheus-client was imported; "
                 "/metrics shows this worker only"
             )
-        self._models: set[str] = set()
-        # The labelled children a request touches, by its labels: ``labels()`` costs a
-        # couple of microseconds a call (label checks, a lock), eight calls a request.
-        self._children: dict[tuple[str, ...], Any] = {}
+        # First in the registry: whatever reads it has the noted requests added before.
+        self.registry.register(Folder(self.fold))
         r = self.registry
         self.requests = Counter(
             f"{PREFIX}_requests",
@@ -228,6 +205,7 @@ class Metrics:
             registry=r,
         )
         self.quality = QualityMetrics(r)  # #26: anchors, repeated work, loop breaker
+        self._series = RequestSeries(self, defer=not self.multiprocess)
         # Known label values start at zero, so every series exists before its first event.
         self.compactions.labels(Failure.FAILED)
         for case in sorted(COMPACTION_CASES):
@@ -237,14 +215,6 @@ class Metrics:
             self.facts_dropped.labels(case)
         for purpose in FAILURE_PURPOSES:
             self.failures.labels(purpose)
-
-    def _model_label(self, model: str) -> str:
-        if model in self._models:
-            return model
-        if len(self._models) >= MAX_MODEL_LABELS:
-            return "other"
-        self._models.add(model)
-        return model
 
     def observe_request(
         self,
@@ -259,55 +229,19 @@ class Metrics:
         """One finished request. ``prepared`` is None when the compaction core failed.
 
         Tokens are counted for every prepared request whatever its status, like the ledger.
+        Noted, and added to the series in batches (``proxy.operators.request_series``).
         """
         try:
-            case = prepared.case if prepared is not None else Case.ERROR
-            if prepared is not None and prepared.shadow:
-                case = Case.SHADOW
-            model = self._model_label(prepared.model if prepared is not None else "unknown")
-            c = self._request_children(route, case, str(status), model)
-            c.requests.inc()
-            c.upstream_latency.observe(max(latency - overhead, 0.0))
-            c.overhead.observe(max(overhead, 0.0))
-            # inc(0) too: every series exists from a model's first request, so queries and
-            # ratios over them work before the first saving or cache hit.
-            c.cached_tokens.inc(max(cached, 0))
-            if prepared is None:
-                return
-            original, forwarded = prepared.original_tokens, prepared.forwarded_tokens
-            if prepared.shadow:
-                # The upstream got the original: the would-be saving is counted aside.
-                would = max(original - forwarded, 0)
-                self.shadow_saved_tokens.labels(route, model).inc(would)
-                forwarded = original
-            saved = max(original - forwarded, 0)
-            reserve = getattr(prepared, "reserve_tokens", 0) or 0
-            if saved and billing.over_window(prepared.model, original + reserve):
-                saved = 0  # kept within the context window: not a saving (ledger gauges)
-            c.original_tokens.inc(original)
-            c.forwarded_tokens.inc(forwarded)
-            c.saved_tokens.inc(saved)
-            c.saved_usd.inc(saved * input_price(prepared.model))
+            self._series.note(prepared, status, latency, overhead, cached, route)
         except Exception:  # metrics never break a request
             log.exception("metrics: observe_request failed")
 
-    def _request_children(self, route: str, case: str, status: str, model: str) -> Any:
-        key = (route, case, status, model)
-        found = self._children.get(key)
-        if found is None:
-            if len(self._children) >= _MAX_CHILD_SETS:  # (statuses are the upstream's)
-                self._children.clear()
-            found = self._children[key] = _RequestChildren(
-                requests=self.requests.labels(route, case, status),
-                upstream_latency=self.upstream_latency.labels(route),
-                overhead=self.overhead.labels(route),
-                cached_tokens=self.cached_tokens.labels(route, model),
-                original_tokens=self.original_tokens.labels(route, model),
-                forwarded_tokens=self.forwarded_tokens.labels(route, model),
-                saved_tokens=self.saved_tokens.labels(route, model),
-                saved_usd=self.saved_usd.labels(route, model),
-            )
-        return found
+    def fold(self) -> None:
+        """Add the requests noted so far to the series (``render`` and any read of the
+        registry do this first)."""
+        series = getattr(self, "_series", None)  # (None while the series are being made)
+        if series is not None:
+            series.fold()
 
     def observe_rejection(self, route: str, reason: str) -> None:
         """One request the proxy refused itself (bad body, unknown route, ...)."""
