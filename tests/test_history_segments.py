@@ -179,6 +179,61 @@ def test_segments_are_written_again_within_half_a_short_retention(tmp_path: Path
     assert len(store.written) == 1 + 3  # both segments again and the head
 
 
+def test_a_worker_that_does_not_remember_writes_only_what_the_stored_head_lacks(
+    tmp_path: Path,
+) -> None:
+    """Another worker (or one that forgot: more long conversations than its memory holds)
+    takes the segments the stored head names as stored: its content is its id's."""
+    a, b = CountingStore(tmp_path / "s"), CountingStore(tmp_path / "s")
+    first = _messages(3 * SEGMENT + 10)
+    now = time.time()
+    history.write(a, TENANT, CONV, first, 3600, now=now)
+    named = a.get(BASE)["segments"]
+    grown = copy.deepcopy(first) + _messages(SEGMENT, tag="-more")[1:]
+    history.write(b, TENANT, CONV, grown, 3600, now=now + 1)
+    after = b.get(BASE)
+    assert after["segments"][:3] == named and len(after["segments"]) == 4
+    assert b.written == [f"{BASE}:{after['segments'][3]}", BASE] and b.deleted == []
+    assert after["since"] == now  # its oldest segment's writing, not b's
+    assert history.read(a, TENANT, CONV) == grown
+    # An edit: b no longer remembers (a third worker, c), and the segment it replaces goes.
+    c = CountingStore(tmp_path / "s")
+    edited = copy.deepcopy(grown)
+    edited[2]["content"] = "changed by the client"
+    history.write(c, TENANT, CONV, edited, 3600, now=now + 2)
+    assert len(c.written) == 2 and c.deleted == [f"{BASE}:{named[0]}"]
+    assert history.read(b, TENANT, CONV) == edited
+    assert _segment_keys(c) == {f"{BASE}:{i}" for i in c.get(BASE)["segments"]}
+
+
+def test_a_stored_head_too_old_or_from_an_earlier_version_has_its_segments_written_again(
+    tmp_path: Path,
+) -> None:
+    a = CountingStore(tmp_path / "s")
+    messages = _messages(2 * SEGMENT + 1)
+    now = time.time()
+    history.write(a, TENANT, CONV, messages, None, now=now)
+    late = CountingStore(tmp_path / "s")  # past the trusted time: both segments again
+    history.write(late, TENANT, CONV, messages, None, now=now + REFRESH_S + 1)
+    assert len(late.written) == 1 + 2 and late.get(BASE)["since"] == now + REFRESH_S + 1
+    head = late.get(BASE)
+    del head["since"]  # as an earlier version wrote it
+    late.set(BASE, head)
+    again = CountingStore(tmp_path / "s")
+    history.write(again, TENANT, CONV, messages, None, now=now + REFRESH_S + 2)
+    assert len(again.written) == 1 + 2 and again.deleted == []
+    assert history.read(again, TENANT, CONV) == messages
+    # A lost segment, named by a fresh head: no history (never a wrong one) until the head's
+    # segments are too old to trust, then they are written again.
+    a.delete(f"{BASE}:{head['segments'][0]}")
+    written_at = again.get(BASE)["since"]
+    history.write(DiskStore(tmp_path / "s"), TENANT, CONV, messages, None, now=written_at + 1)
+    assert history.read(a, TENANT, CONV) == []
+    later = written_at + REFRESH_S + 1
+    history.write(DiskStore(tmp_path / "s"), TENANT, CONV, messages, None, now=later)
+    assert history.read(a, TENANT, CONV) == messages
+
+
 def test_a_whole_list_from_an_earlier_version_is_read_as_it_is(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "s")
     old = _messages(3 * SEGMENT)

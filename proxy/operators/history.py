@@ -14,9 +14,13 @@ remembers, for its recent long conversations, which messages it last wrote in wh
 (``Written``) and writes again only the segments whose messages changed, then the head: an
 agent's next turn writes the head alone, and a segment each ``SEGMENT`` messages. A
 segment's id is the hash of its JSON (xxh3, 64 bits), so workers serving one conversation in
-turn write and name the same segments, and a key's content is the one its id says. A worker
-deletes the segments its previous head named and its new one does not (the head it has just
-written is the conversation's newest). Only a conversation whose content goes back to what
+turn write and name the same segments, and a key's content is the one its id says. So a
+worker that does not remember the conversation (another worker wrote it last, or it was
+forgotten past the bounds below) reads the head it replaces: the segments it names are
+stored, since the head's ``since`` (when the oldest of them was written), and only the
+others are written. A worker deletes the segments the head it replaces named (as it
+remembers it, else as stored) and its new one does not (the head it has just written is the
+conversation's newest). Only a conversation whose content goes back to what
 one worker deleted meanwhile (two clients alternating on one history) can leave another
 worker's next head naming a deleted segment: that reads as no history until the worker's
 memory is refreshed (below).
@@ -28,8 +32,10 @@ worker remembers is trusted for ``REFRESH_S`` at most, and half the retention wh
 shorter (its segments are then written again: none expires while a head names it, and one
 lost meanwhile comes back), and forgotten beyond ``MAX_CONVERSATIONS`` or ``MAX_BYTES``
 (the segments' size as written; the least recently written first: nothing is lost, the next
-flush writes it whole). Held objects are mostly the parser's own (``Reparser`` keeps 8 MB of
-recent bodies); a history parsed afresh each time is held here alone, hence the bound.
+flush reads the stored head). A stored head is trusted as a memory is, from its ``since``
+(one without, from an earlier version, not at all). Held objects are mostly the parser's
+own (``Reparser`` keeps 8 MB of recent bodies); a history parsed afresh each time is held
+here alone, hence the bound.
 """
 
 from __future__ import annotations
@@ -120,10 +126,14 @@ def write(
     now = time.time() if now is None else now
     trusted = trusted_for(REFRESH_S, retention_s)
     fresh = before is not None and now - before.since < trusted
+    # Not remembered (another worker's conversation, or forgotten past the bounds): the head
+    # it replaces says which segments are stored, and since when.
+    stored = _stored_head(store, base, now, trusted) if before is None else None
     full = len(messages) // SEGMENT * SEGMENT
     segments = tuple(messages[at : at + SEGMENT] for at in range(0, full, SEGMENT))
     ids: list[str] = []
     sizes: list[int] = []
+    kept_stored = False
     for i, segment in enumerate(segments):
         if fresh and before and i < len(before.ids) and before.segments[i] == segment:
             ids.append(before.ids[i])
@@ -132,15 +142,52 @@ def write(
         encoded = orjson.dumps(segment)  # (raises what the store's encoder would)
         ids.append(xxhash.xxh3_64_hexdigest(encoded))
         sizes.append(len(encoded))
+        if stored is not None and stored.fresh and ids[-1] in stored.ids:
+            kept_stored = True  # (its content is its id's: stored, within the trusted time)
+            continue
         store.set(f"{base}:{ids[-1]}", segment, retention_s)
+    if fresh and before:
+        since = before.since
+    else:
+        since = stored.since if stored is not None and kept_stored else now
     # The messages after the last full segment go in the head: a conversation growing by a
-    # turn writes its head alone until the next segment fills.
-    head = {"n": len(messages), "segments": ids, "tail": messages[full:]}
+    # turn writes its head alone until the next segment fills. ``since``: when the oldest
+    # segment it names was written (a worker that does not remember them trusts them so long).
+    head = {"n": len(messages), "segments": ids, "tail": messages[full:], "since": since}
     store.set(base, head, retention_s)
-    since = before.since if fresh and before else now
     memory.put(key, Written(segments, tuple(ids), tuple(sizes), since))
     kept = set(ids)
-    _drop(store, base, [i for i in (before.ids if before else ()) if i not in kept])
+    replaced = before.ids if before else stored.ids if stored is not None else ()
+    _drop(store, base, [i for i in replaced if i not in kept])
+
+
+@dataclass(frozen=True)
+class _Stored:
+    """The segments the stored head names, since when, and whether that is recent enough
+    to trust them (``fresh``)."""
+
+    ids: frozenset[str]
+    since: float
+    fresh: bool
+
+
+def _stored_head(store: Store, base: str, now: float, trusted: float) -> _Stored | None:
+    """What the conversation's stored head names (None: no head in segments).
+
+    Why: an agent's next request often comes to a worker that does not remember what was
+    written (several workers, or more long conversations than ``MAX_BYTES`` holds): writing
+    every segment again cost ~20 us each (a 300-message history: ~0.35 ms, 2,000: ~1.7 ms
+    of the writer's CPU a request, docs/benchmarks.md). A segment's id is its content's
+    hash, so one the head names is stored as it is (unless lost since: as for a worker's
+    memory, trusted only within ``trusted`` of its writing)."""
+    head = store.get(base)
+    if not isinstance(head, dict) or not isinstance(head.get("segments"), list):
+        return None
+    ids = frozenset(i for i in head["segments"] if isinstance(i, str))
+    since = head.get("since")
+    if not isinstance(since, int | float) or isinstance(since, bool):
+        return _Stored(ids, 0.0, False)  # (an earlier version's head: its segments written again)
+    return _Stored(ids, float(since), 0 <= now - since < trusted)
 
 
 def _drop(store: Store, base: str, ids: Any) -> None:
