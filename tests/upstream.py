@@ -227,6 +227,9 @@ class ScriptedUpstream:
         self.requests: list[Recorded] = []
         # ``x-test-flood: N:PAD``: set once a flooded stream's last byte went to the socket.
         self.flooded = threading.Event()
+        # Set when a stream's reader went away before its last event (the proxy ended the
+        # upstream request: its client left).
+        self.stream_cut = threading.Event()
         self.rejections: list[dict[str, Any]] = []
         self.cached_log: list[tuple[int, int]] = []
         self._history: deque[bytes] = deque(maxlen=64)
@@ -322,6 +325,7 @@ class ScriptedUpstream:
             return [r for r in self.requests if r.purpose == "summarizer"]
 
     def clear(self) -> None:
+        self.stream_cut.clear()
         with self._lock:
             self.requests.clear()
             self.rejections.clear()
@@ -480,7 +484,7 @@ class ScriptedUpstream:
             )
             # x-test-close-delay: keep the connection open that long after [DONE].
             linger = _float(rec.headers.get("x-test-close-delay"))
-            events = _sse(chunks, delay, linger, self._sleep)
+            events = _cut_watched(_sse(chunks, delay, linger, self._sleep), self.stream_cut)
             if flood := rec.headers.get("x-test-flood"):
                 n, pad = (int(x) for x in flood.split(":"))
                 events = _flooded(_sse(_flood_chunks(chunks, n, pad), 0.0), self.flooded)
@@ -751,6 +755,19 @@ def _flood_chunks(chunks: list[dict], n: int, pad: int) -> Iterator[dict]:
     for i in range(n):
         yield {**first, "choices": [{**first["choices"][0], "delta": {"content": f"{i}:{filler}"}}]}
     yield from (c for c in last if not (c["choices"] and c["choices"][0]["delta"].get("content")))
+
+
+async def _cut_watched(events: AsyncIterator[bytes], cut: threading.Event):
+    """``events``; ``cut`` set when they are stopped before their end (Starlette cancels a
+    streaming response whose client disconnected)."""
+    ended = False
+    try:
+        async for event in events:
+            yield event
+        ended = True
+    finally:
+        if not ended:
+            cut.set()
 
 
 async def _flooded(events: AsyncIterator[bytes], done: threading.Event):

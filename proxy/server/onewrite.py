@@ -20,6 +20,7 @@ Order is kept: whatever is held goes before any later write, and ``close`` sends
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -32,12 +33,15 @@ class OneWriteTransport:
     """A transport that holds writes until ``flush`` or the loop's turn end. Everything else
     is the real transport's."""
 
-    __slots__ = ("_real", "_held", "_loop")
+    __slots__ = ("_real", "_held", "_loop", "on_lost")
 
     def __init__(self, real: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._real = real
         self._held: list[bytes] = []
         self._loop = loop
+        # Called once when the connection is lost (``proxy.server.sendstream``: a stream
+        # relayed in the request's task is stopped so, without a task to watch ``receive``).
+        self.on_lost: Callable[[], None] | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if len(data) >= DIRECT_BYTES:
@@ -81,6 +85,14 @@ class OneWriteHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         loop = asyncio.get_running_loop()
         super().connection_made(OneWriteTransport(transport, loop))  # type: ignore[arg-type]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)  # (the cycle marked disconnected first)
+        transport = self.transport
+        lost = transport.on_lost if isinstance(transport, OneWriteTransport) else None
+        if lost is not None:
+            transport.on_lost = None  # type: ignore[union-attr]
+            lost()
 
     def on_response_complete(self) -> None:
         # The answer is whole: it goes now, not after what the app does next in this turn.

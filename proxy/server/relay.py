@@ -2,8 +2,8 @@
 
 The chat routes are plain ASGI apps (``proxy.server.app.ChatRoute``), so these functions
 write the answer themselves (``send``) instead of returning a Starlette response: a stream
-then needs no anyio task group to notice a client going away (one watcher task does), and a
-whole answer reaches the client before the after-answer work (log line, metrics, ledger
+then needs no anyio task group to notice a client going away (``proxy.server.sendstream``),
+and a whole answer reaches the client before the after-answer work (log line, metrics, ledger
 queue), which the client no longer waits for.
 
 Each function ends the request's ``Call`` with ``Service.finish`` exactly once: when the
@@ -35,6 +35,7 @@ from proxy.server.abort import BodyBroken
 from proxy.server.bodies import TAIL_BYTES, WHOLE_BODY_BYTES, usage_in_tail
 from proxy.server.events import StreamReads, broken_event
 from proxy.server.push import ChunkWriter
+from proxy.server.sendstream import raw_headers, send_stream
 
 log = logging.getLogger("compaction_proxy.server")
 # Set by the server answering (uvicorn): relaying the upstream's too would send two of each.
@@ -43,81 +44,12 @@ SERVER_SET = frozenset({"date", "server"})
 RELAY_DROPPED = frozenset({"content-encoding"}) | SERVER_SET
 
 
-def raw_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
-    """Response headers as ASGI wants them (what Starlette's ``Response`` would send)."""
-    return [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
-
-
 async def send_whole(send: Send, status: int, headers: dict[str, str], body: bytes) -> None:
     """A whole answer in two ASGI messages, with its length."""
     raw = raw_headers(headers)
     raw.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
-
-
-async def send_stream(
-    send: Send,
-    receive: Receive,
-    status: int,
-    headers: dict[str, str],
-    body: AsyncGenerator[bytes, None] | PushedEvents,
-    then: Callable[[], None],
-) -> None:
-    """Relay ``body`` chunk by chunk (a generator, or ``PushedEvents``, which sends its
-    chunks itself); a client that goes away stops it (and ``body`` is closed, which ends its
-    upstream request).
-
-    The ASGI server no longer fails a ``send`` once the client is gone; it says so on
-    ``receive``, which one watcher task waits on for the whole stream. ``then`` runs last,
-    whatever happened: once the client has the end of the answer, and ``body`` is closed.
-
-    The relaying runs in a task of its own (``pump``): each chunk that arrives wakes only its
-    few frames (the pump, the relay's generators, the upstream's wait), not the dozen of the
-    request's whole chain above it (uvicorn's cycle, the middlewares, the route, ``relay``):
-    a coroutine resumed goes back down every ``await`` it is in, and a stream resumes once per
-    event (#28). Cancelling the request's task (the server shutting down) cancels the pump.
-    """
-    state = {"gone": False, "ended": False}
-
-    async def pump() -> None:
-        start = {"type": "http.response.start", "status": status, "headers": raw_headers(headers)}
-        async with contextlib.aclosing(body):
-            await send(start)
-            if isinstance(body, PushedEvents):
-                await body(send)
-            else:
-                async for chunk in body:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        state["ended"] = True  # the server reports the end of the answer as a disconnect
-        await send({"type": "http.response.body", "body": b""})
-
-    pumping = asyncio.ensure_future(pump())
-
-    def on_gone(watcher: asyncio.Future[None]) -> None:
-        # Runs on the loop later: after the answer ended it must not cancel what follows.
-        if state["ended"] or watcher.cancelled() or watcher.exception() is not None:
-            return
-        state["gone"] = True
-        pumping.cancel()
-
-    watcher = asyncio.ensure_future(_disconnected(receive))
-    watcher.add_done_callback(on_gone)
-    try:
-        await pumping
-    except asyncio.CancelledError:
-        task = asyncio.current_task()
-        if not state["gone"] or (task is not None and task.cancelling()):
-            raise  # not the client leaving (the server shutting down): not ours to swallow
-    finally:
-        state["ended"] = True
-        watcher.cancel()
-        then()
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass
 
 
 class Ending:
@@ -294,7 +226,8 @@ async def forward_stream(out: Outgoing, send: Send, receive: Receive) -> None:
         events = PushedEvents(out.surface, upstream, out.drop_usage, ending)
     else:
         events = _relay_events(out.surface, upstream, out.drop_usage, ending)
-    await send_stream(send, receive, 200, headers, events, ending.finish(service, call))
+    here = isinstance(events, PushedEvents)  # (it wakes this task only at its end)
+    await send_stream(send, receive, 200, headers, events, ending.finish(service, call), here=here)
 
 
 async def _relay_events(
