@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import types
+from typing import Any
 
 import pytest
 
@@ -115,3 +116,60 @@ def test_item_names_are_the_formatted_ones_and_bounded() -> None:
     assert items[3] == f"history:{fps[3][:8].hex()}"
     # The names are shared, never changed in place: a second prompt's are as formatted.
     assert stability.prompt_items(fps[:4], 0, None)[0] == f"history:{fps[0][:8].hex()}"
+
+
+def test_observing_many_at_once_is_observing_each() -> None:
+    """``_observe_all`` reads prometheus-client's histogram as it is built today: the same
+    buckets, count and sum as ``observe`` one by one (edges, zero, past the last bound)."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    amounts = [0.0, 0.0005, 0.00051, 0.001, 0.3, 2.5, 2.5000001, 29.9, 30.0, 45.0, 1e9]
+    amounts += [i / 997 for i in range(400)]
+    made = []
+    for _ in range(2):
+        registry = CollectorRegistry()
+        h = Histogram(
+            "h", "h", ["route"], buckets=(0.0005, 0.001, 0.25, 2.5, 30.0), registry=registry
+        )
+        made.append((registry, h.labels("r")))
+    for amount in amounts:
+        made[0][1].observe(amount)
+    request_series._observe_all(made[1][1], amounts)
+
+    def samples(registry: Any) -> list[tuple[str, dict[str, str], float]]:
+        return [
+            (s.name, s.labels, round(s.value, 9))
+            for metric in registry.collect()
+            for s in metric.samples
+            if not s.name.endswith("_created")
+        ]
+
+    assert samples(made[0][0]) == samples(made[1][0])
+    assert ("h_count", {"route": "r"}, float(len(amounts))) in samples(made[1][0])
+
+
+async def test_a_fold_adds_what_each_request_added_alone() -> None:
+    kinds = [
+        (_prepared(500, 300), 200), (_prepared(500, 300, shadow=True), 200),
+        (_prepared(800, 800), 502), (None, 502), (_prepared(90, 40), 200),
+    ]  # fmt: skip
+    batched, alone = Metrics(), Metrics()
+    alone._series = request_series.RequestSeries(alone, defer=False)
+    for i in range(60):
+        prepared, status = kinds[i % len(kinds)]
+        for m in (batched, alone):
+            m.observe_request(prepared, status, 0.1 + i / 100, i / 10_000, i)
+    assert _held(batched) == 0 and _held(alone) == 60
+    text = [m.render()[0].decode().splitlines() for m in (batched, alone)]
+
+    def value(line: str) -> str:  # (a sum added in another order: the last digits differ)
+        if line.startswith("#"):
+            return line
+        name, _, number = line.rpartition(" ")
+        return f"{name} {round(float(number), 9)}"
+
+    lines = [[value(line) for line in t if "_created" not in line] for t in text]
+    assert lines[0] == lines[1]
+    assert any(
+        line.startswith("compaction_proxy_shadow_saved_prompt_tokens_total") for line in lines[0]
+    )

@@ -14,6 +14,7 @@ reads every worker's files, which only each worker's own adding writes. Used on 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -57,6 +58,48 @@ class Folder(Collector):
     def collect(self) -> Iterable[Any]:
         self._fold()
         return []
+
+
+class _Sums:
+    """One kind of request's noted figures, summed for a fold."""
+
+    __slots__ = (
+        "requests", "upstream", "overhead", "cached", "counted", "original", "forwarded",
+        "saved", "saved_usd", "would",
+    )  # fmt: skip
+
+    def __init__(self) -> None:
+        self.requests = self.cached = self.original = self.forwarded = self.saved = 0
+        self.upstream: list[float] = []
+        self.overhead: list[float] = []
+        self.counted = False
+        self.saved_usd = 0.0
+        self.would: int | None = None  # shadow mode's would-be saving
+
+
+def _observe_all(histogram: Any, amounts: list[float]) -> None:
+    """``histogram.observe(a)`` for each of ``amounts``: each bucket and the sum added to
+    once, where the histogram is built as prometheus-client's of today (its buckets' values
+    and bounds; ``tests/test_request_series.py`` checks the result against ``observe``),
+    else one by one."""
+    bounds: Any = getattr(histogram, "_upper_bounds", None)
+    buckets: Any = getattr(histogram, "_buckets", None)
+    total: Any = getattr(histogram, "_sum", None)
+    shaped = isinstance(bounds, list) and isinstance(buckets, list) and total is not None
+    if not shaped or len(bounds) != len(buckets):
+        for amount in amounts:
+            histogram.observe(amount)
+        return
+    histogram._raise_if_not_observable()
+    counts = [0] * len(bounds)
+    for amount in amounts:
+        i = bisect.bisect_left(bounds, amount)  # the first bound >= amount, as ``observe``
+        if i < len(counts) and amount <= bounds[i]:
+            counts[i] += 1
+    total.inc(sum(amounts))
+    for i, n in enumerate(counts):
+        if n:
+            buckets[i].inc(n)
 
 
 @dataclass(frozen=True)
@@ -115,16 +158,37 @@ class RequestSeries:
         loop.call_later(FOLD_S, self.fold)
 
     def fold(self) -> None:
-        """Add the requests noted since the last fold to their series. Never raises."""
+        """Add the requests noted since the last fold to their series: summed per kind of
+        request first, so a series is touched once a fold, not once a request. Never raises."""
         pending, self._pending = self._pending, []
+        sums: dict[tuple[str, str, str, str], _Sums] = {}
         for noted in pending:
             try:
-                self._add(*noted)
+                self._sum(sums, *noted)
             except Exception:  # metrics never break a request
                 log.exception("metrics: observe_request failed")
+        for (route, case, status, model), got in sums.items():
+            try:
+                c = self._children_of(route, case, status, model)
+                c.requests.inc(got.requests)
+                _observe_all(c.upstream_latency, got.upstream)
+                _observe_all(c.overhead, got.overhead)
+                # inc(0) too: every series exists from a model's first request, so queries
+                # and ratios over them work before the first saving or cache hit.
+                c.cached_tokens.inc(got.cached)
+                if got.counted:
+                    c.original_tokens.inc(got.original)
+                    c.forwarded_tokens.inc(got.forwarded)
+                    c.saved_tokens.inc(got.saved)
+                    c.saved_usd.inc(got.saved_usd)
+                if got.would is not None:
+                    self.m.shadow_saved_tokens.labels(route, model).inc(got.would)
+            except Exception:
+                log.exception("metrics: observe_request failed")
 
-    def _add(
+    def _sum(
         self,
+        sums: dict[tuple[str, str, str, str], _Sums],
         route: str,
         case: str,
         status: int,
@@ -134,29 +198,29 @@ class RequestSeries:
         cached: int,
         counts: tuple[int, int, int] | None,
     ) -> None:
-        model = self._model_label(model_name)
-        c = self._children_of(route, case, str(status), model)
-        c.requests.inc()
-        c.upstream_latency.observe(max(latency - overhead, 0.0))
-        c.overhead.observe(max(overhead, 0.0))
-        # inc(0) too: every series exists from a model's first request, so queries and
-        # ratios over them work before the first saving or cache hit.
-        c.cached_tokens.inc(max(cached, 0))
+        key = (route, case, str(status), self._model_label(model_name))
+        got = sums.get(key)
+        if got is None:
+            got = sums[key] = _Sums()
+        got.requests += 1
+        got.upstream.append(max(latency - overhead, 0.0))
+        got.overhead.append(max(overhead, 0.0))
+        got.cached += max(cached, 0)
         if counts is None:
             return
         original, forwarded, reserve = counts
+        got.counted = True
         if case == Case.SHADOW:
             # The upstream got the original: the would-be saving is counted aside.
-            would = max(original - forwarded, 0)
-            self.m.shadow_saved_tokens.labels(route, model).inc(would)
+            got.would = (got.would or 0) + max(original - forwarded, 0)
             forwarded = original
         saved = max(original - forwarded, 0)
         if saved and billing.over_window(model_name, original + reserve):
             saved = 0  # kept within the context window: not a saving (ledger gauges)
-        c.original_tokens.inc(original)
-        c.forwarded_tokens.inc(forwarded)
-        c.saved_tokens.inc(saved)
-        c.saved_usd.inc(saved * input_price(model_name))
+        got.original += original
+        got.forwarded += forwarded
+        got.saved += saved
+        got.saved_usd += saved * input_price(model_name)
 
     def _model_label(self, model: str) -> str:
         if model in self._models:
