@@ -194,6 +194,16 @@ class Pushed:
         self.closed = True
 
 
+def start_pushed(send: Any, receive: Any) -> tuple[Pushed, list[bool], asyncio.Future[None]]:
+    """A pushed stream that holds after its first chunk, relayed ``here``: its body, what
+    ``then`` saw (whether the body was closed), the request."""
+    body, done = Pushed(hold=True), []
+    task = asyncio.ensure_future(
+        send_stream(send, receive, 200, {}, body, lambda: done.append(body.closed), here=True)
+    )
+    return body, done, task
+
+
 def test_a_pushed_stream_runs_in_the_request_task_and_ends_whole() -> None:
     async def main() -> None:
         cycle, body, done = own_cycle(), Pushed(), []
@@ -220,18 +230,8 @@ def test_a_pushed_stream_runs_in_the_request_task_and_ends_whole() -> None:
 
 def test_a_client_leaving_a_pushed_stream_stops_it_quietly() -> None:
     async def main() -> None:
-        cycle, body, done = own_cycle(), Pushed(hold=True), []
-        task = asyncio.ensure_future(
-            send_stream(
-                cycle.send,
-                cycle.receive,
-                200,
-                {},
-                body,
-                lambda: done.append(body.closed),
-                here=True,
-            )  # fmt: skip
-        )
+        cycle = own_cycle()
+        body, done, task = start_pushed(cycle.send, cycle.receive)
         await body.sent_first.wait()
         cycle.disconnected = True  # what uvicorn's ``connection_lost`` does, then ours:
         cycle.transport.on_lost()
@@ -244,20 +244,10 @@ def test_a_client_leaving_a_pushed_stream_stops_it_quietly() -> None:
 
 def test_a_client_gone_before_a_pushed_stream_starts_stops_it_at_its_first_wait() -> None:
     async def main() -> None:
-        cycle, body, done = own_cycle(), Pushed(hold=True), []
+        cycle = own_cycle()
         cycle.disconnected = True
-        await asyncio.wait_for(
-            send_stream(
-                cycle.send,
-                cycle.receive,
-                200,
-                {},
-                body,
-                lambda: done.append(body.closed),
-                here=True,
-            ),  # fmt: skip
-            30,
-        )
+        body, done, task = start_pushed(cycle.send, cycle.receive)
+        await asyncio.wait_for(task, 30)
         assert done == [True] and not body.release.is_set()
 
     asyncio.run(main())
@@ -265,18 +255,8 @@ def test_a_client_gone_before_a_pushed_stream_starts_stops_it_at_its_first_wait(
 
 def test_the_request_cancelled_during_a_pushed_stream_is_raised() -> None:
     async def once(leaves_too: bool) -> None:
-        cycle, body, done = own_cycle(), Pushed(hold=True), []
-        task = asyncio.ensure_future(
-            send_stream(
-                cycle.send,
-                cycle.receive,
-                200,
-                {},
-                body,
-                lambda: done.append(body.closed),
-                here=True,
-            )  # fmt: skip
-        )
+        cycle = own_cycle()
+        body, done, task = start_pushed(cycle.send, cycle.receive)
         await body.sent_first.wait()
         task.cancel()  # the server shutting down
         if leaves_too:  # and the client's connection lost with it: still raised
@@ -294,18 +274,8 @@ def test_the_request_cancelled_during_a_pushed_stream_is_raised() -> None:
 
 def test_a_pushed_stream_on_another_server_is_relayed_with_its_watcher() -> None:
     async def main() -> None:
-        client, body, done = Client(), Pushed(hold=True), []
-        task = asyncio.ensure_future(
-            send_stream(
-                client.send,
-                client.receive,
-                200,
-                {},
-                body,
-                lambda: done.append(body.closed),
-                here=True,
-            )  # fmt: skip
-        )
+        client = Client()
+        body, done, task = start_pushed(client.send, client.receive)
         await body.sent_first.wait()
         client.leave.set()  # told on ``receive``, as any ASGI server tells it
         await asyncio.wait_for(task, 30)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, Protocol
 
 from starlette.types import Receive, Send
@@ -62,7 +62,7 @@ async def send_stream(
     state = {"gone": False, "ended": False}
     cycle = _own_cycle(send) if here else None
     if cycle is not None:
-        await _relay_here(send, cycle, status, headers, body, then, state)
+        await _relay_here(cycle, _pump(send, status, headers, body, state), then, state)
         return
 
     pumping = asyncio.ensure_future(_pump(send, status, headers, body, state))
@@ -108,13 +108,7 @@ async def _pump(
 
 
 async def _relay_here(
-    send: Send,
-    cycle: Any,
-    status: int,
-    headers: dict[str, str],
-    body: AsyncGenerator[bytes, None] | Body,
-    then: Callable[[], None],
-    state: dict[str, bool],
+    cycle: Any, pump: Coroutine[Any, Any, None], then: Callable[[], None], state: dict[str, bool]
 ) -> None:
     task = asyncio.current_task()
     assert task is not None
@@ -130,7 +124,7 @@ async def _relay_here(
     if cycle.disconnected:
         on_lost()  # gone already: stopped at the first wait (the upstream's)
     try:
-        await _pump(send, status, headers, body, state)
+        await pump
     except asyncio.CancelledError:
         # Only the client leaving, and nothing else cancelling the request, is swallowed.
         if not state["gone"] or task.uncancel() > 0:
