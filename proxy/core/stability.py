@@ -87,11 +87,11 @@ class StabilityState:
 class _ItemNames:
     """``history:<the fingerprint's first 16 hex digits>`` of fingerprints seen lately (#28).
 
-    Every request names each message of its history (a 50-message one: ~6.5 us formatted,
-    ~1.5 looked up), and an agent's next request holds the last one's messages. The same
-    name object each time also makes ``observe``'s comparison of two requests' items an
-    identity check. Bounded: two generations of at most ``size`` names (~150 bytes each);
-    safe from threads (dict operations)."""
+    Every request names each message of its history (``prompt_items`` of 50 messages:
+    ~6.5 us formatted, ~3 looked up), and an agent's next request holds the last one's
+    messages. The same name object each time also makes ``observe``'s comparison of two
+    requests' items an identity check. Bounded: two generations of at most ``size`` names
+    (~150 bytes each); safe from threads (dict operations)."""
 
     def __init__(self, size: int = 20_000) -> None:
         self.size = size

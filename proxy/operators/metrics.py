@@ -37,7 +37,6 @@ from proxy.core.types import COMPACTION_CASES, Case, Failure
 from proxy.operators.events import as_event
 from proxy.operators.quality_metrics import QualityMetrics
 from proxy.operators.request_series import (  # noqa: F401 (input_price: named here too)
-    MAX_MODEL_LABELS,
     Folder,
     RequestSeries,
     input_price,
