@@ -160,3 +160,9 @@ def provider_family(model: str) -> str:
     ):
         return "openai"
     return "other"
+
+
+def input_price(model: str) -> float:
+    """USD per input token from LiteLLM's model map; 0.0 for an unknown or free model."""
+    info = model_info(model)
+    return info.input_cost_per_token if info and info.input_cost_per_token else 0.0

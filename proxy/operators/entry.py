@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from proxy.core import billing
 from proxy.core.frozen import quick_init
-from proxy.core.modelmap import model_info
+from proxy.core.modelmap import input_price
 from proxy.core.planner import HOLD, TREADMILL, Decision
 from proxy.core.records import CompactionRecord
 from proxy.core.types import SKIPPED_CASES, CaseName
@@ -158,10 +158,10 @@ class RequestEntry:
         return self.original_tokens if self.shadow else self.forwarded_tokens
 
     def saved_usd(self) -> float:
-        return self.saved_tokens * _input_price(self.model)
+        return self.saved_tokens * input_price(self.model)
 
     def would_save_usd(self) -> float:
-        return self.would_save_tokens * _input_price(self.model)
+        return self.would_save_tokens * input_price(self.model)
 
 
 # Why a request went upstream as long as the client sent it (the phantom-savings report).
@@ -206,11 +206,6 @@ def held_reason(prepared: PreparedView) -> str | None:
     if reason.startswith(HOLD):
         return "cache" if "cache" in reason else "policy"
     return "nothing_to_cut"
-
-
-def _input_price(model: str) -> float:
-    info = model_info(model)
-    return info.input_cost_per_token if info and info.input_cost_per_token else 0.0
 
 
 def _num(value: Any) -> int:

@@ -33,14 +33,11 @@ from prometheus_client import (
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
+from proxy.core.modelmap import input_price  # noqa: F401 (named here too: the tests')
 from proxy.core.types import COMPACTION_CASES, Case, Failure
 from proxy.operators.events import as_event
 from proxy.operators.quality_metrics import QualityMetrics
-from proxy.operators.request_series import (  # noqa: F401 (input_price: named here too)
-    Folder,
-    RequestSeries,
-    input_price,
-)
+from proxy.operators.request_series import Folder, RequestSeries
 
 log = logging.getLogger("compaction_proxy.metrics")
 

@@ -26,7 +26,7 @@ from typing import Any
 from prometheus_client.registry import Collector
 
 from proxy.core import billing
-from proxy.core.modelmap import model_info
+from proxy.core.modelmap import input_price
 from proxy.core.types import Case
 
 log = logging.getLogger("compaction_proxy.metrics")
@@ -41,12 +41,6 @@ FOLD_S = 1.0
 # (route, case, status, model, latency, overhead, cached tokens,
 #  (original, forwarded, reserve tokens) or None when the compaction core failed)
 Noted = tuple[str, str, int, str, float, float, int, "tuple[int, int, int] | None"]
-
-
-def input_price(model: str) -> float:
-    """USD per input token from LiteLLM's model map; 0.0 for an unknown or free model."""
-    info = model_info(model)
-    return info.input_cost_per_token if info and info.input_cost_per_token else 0.0
 
 
 class Folder(Collector):
