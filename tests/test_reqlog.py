@@ -1,14 +1,16 @@
 """A conversation's request rows in segments (#28): read back as the one list they replace.
 
 The rows go to segments of ``reqlog.SEGMENT`` by their place in the conversation (its ledger
-row's count of requests); reading gives the newest ``reqlog.KEEP`` in order, after any rows an
-earlier version kept as one list. Checked on both backends (a real redis-server), with
-flushes of every size across segment boundaries, that a flush rewrites only the segments its
-rows go to, and through the ledger (``record_batch``) and a session's adopted first row.
+row's count of requests); reading gives the newest ``reqlog.KEEP`` in order, after any rows
+earlier versions kept (as one list, then in segments of ``reqlog.EARLIER_SEGMENT``). Checked on
+both backends (a real redis-server), with flushes of every size across segment boundaries,
+that a flush rewrites only the segments its rows go to, and through the ledger
+(``record_batch``) and a session's adopted first row.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -47,14 +49,32 @@ def test_rows_read_back_in_order_newest_kept(store: Store) -> None:
 
 def test_a_flush_writes_only_the_segments_its_rows_go_to(tmp_path: Path) -> None:
     store = DiskStore(tmp_path / "s")
-    reqlog.append(store, "t", "c", [{"i": i} for i in range(120)], 120, None)
-    base = conv_key("req", "t", "c")
-    assert [len(get_list(store, f"{base}:{k}")) for k in range(3)] == [50, 50, 20]
-    sealed = {k: store._cache.get(f"{base}:{k}") for k in range(2)}
-    reqlog.append(store, "t", "c", [{"i": 120}], 121, None)
-    assert {k: store._cache.get(f"{base}:{k}") for k in range(2)} == sealed
-    assert len(get_list(store, f"{base}:2")) == 21
+    size = reqlog.SEGMENT
+    reqlog.append(store, "t", "c", [{"i": i} for i in range(2 * size + 3)], 2 * size + 3, None)
+    key = functools.partial(reqlog.segment_key, conv_key("req", "t", "c"))
+    assert [len(get_list(store, key(k))) for k in range(4)] == [size, size, 3, 0]
+    sealed = {k: store._cache.get(key(k)) for k in range(2)}
+    reqlog.append(store, "t", "c", [{"i": 2 * size + 3}], 2 * size + 4, None)
+    assert {k: store._cache.get(key(k)) for k in range(2)} == sealed
+    assert len(get_list(store, key(2))) == 4
     store.close()
+
+
+def test_rows_of_the_earlier_segments_come_before_the_new_ones(store: Store) -> None:
+    """A conversation the previous version wrote (segments of ``EARLIER_SEGMENT`` rows) goes
+    on in this layout: read back whole and in order, the newest ``KEEP`` of it."""
+    base, earlier = conv_key("req", "t", "c"), reqlog.EARLIER_SEGMENT
+    old = [{"i": i} for i in range(2 * earlier + 17)]  # its last segment part full
+    for start in range(0, len(old), earlier):
+        store.extend(f"{base}:{start // earlier}", old[start : start + earlier], None, earlier)
+    written, total = list(old), len(old)
+    for size in [1, 3, reqlog.SEGMENT, 1, 2 * reqlog.SEGMENT + 1] * 20:
+        rows = [{"i": total + k} for k in range(size)]
+        total += size
+        reqlog.append(store, "t", "c", rows, total, None)
+        written += rows
+        assert reqlog.read(store, "t", "c", total) == written[-reqlog.KEEP :]
+    assert total > len(old) + reqlog.KEEP  # (the earlier rows went out of the newest kept)
 
 
 def test_rows_an_earlier_version_kept_as_one_list_come_first(store: Store) -> None:
@@ -81,8 +101,8 @@ def test_the_ledger_writes_and_a_session_adopts_its_rows_in_segments(tmp_path: P
     rows = reqlog.read(store, "t", "session", meta["requests"])
     assert meta["requests"] == 131 and [r["ts"] for r in rows] == [1.0 + i for i in range(131)]
     assert {r["conversation"] for r in rows} == {"session"}
-    base = conv_key("req", "t", "session")
-    assert [len(get_list(store, f"{base}:{k}")) for k in range(3)] == [50, 50, 31]
+    key = functools.partial(reqlog.segment_key, conv_key("req", "t", "session"))
+    assert [len(get_list(store, key(k))) for k in range(14)] == [10] * 13 + [1]
     store.close()
 
 
