@@ -38,13 +38,13 @@ def in_another_process(directory: Path, code: str) -> None:
 def queries(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The keys of each SQL query ``get_many`` made."""
     made: list[list[str]] = []
-    real = DiskStore._select
+    real = diskstore.select_rows
 
-    def counted(self: DiskStore, keys: Any, now: float) -> Any:
+    def counted(cache: Any, keys: Any, now: float) -> Any:
         made.append(list(keys))
-        return real(self, keys, now)
+        return real(cache, keys, now)
 
-    monkeypatch.setattr(DiskStore, "_select", counted)
+    monkeypatch.setattr(diskstore, "select_rows", counted)
     return made
 
 
