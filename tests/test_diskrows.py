@@ -14,7 +14,10 @@ import pytest
 from proxy.adapters import diskrows, diskstore
 from proxy.adapters.diskstore import DiskStore
 
-ROW = "SELECT key, raw, tag, size, mode, filename IS NULL, value, expire_time IS NULL FROM Cache"
+ROW = (
+    "SELECT key, raw, tag, size, mode, filename IS NULL, value, expire_time IS NULL, "
+    "access_count FROM Cache"
+)
 
 
 def _rows(store: DiskStore) -> list[tuple[Any, ...]]:

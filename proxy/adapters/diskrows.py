@@ -30,6 +30,10 @@ _UPDATE = (
     f"tag = ?, size = 0, mode = {MODE_RAW}, filename = NULL, value = ? "
     "WHERE key = ? AND raw = 1 AND filename IS NULL"
 )
+_INSERT = (
+    "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, tag, "
+    f"size, mode, filename, value) VALUES (?, 1, ?, ?, ?, 0, ?, 0, {MODE_RAW}, NULL, ?)"
+)
 _SELECT = (
     "SELECT mode, filename, value, tag FROM Cache WHERE key = ? AND raw = 1 "
     "AND (expire_time IS NULL OR expire_time > ?)"
@@ -37,13 +41,20 @@ _SELECT = (
 
 
 def put_row(cache: Any, key: str, body: bytes, ttl: float | None, tag: Any = None) -> None:
-    """``cache.set(key, body, expire=ttl, tag=tag)``: an UPDATE of the key's row in place."""
+    """``cache.set(key, body, expire=ttl, tag=tag)``: an UPDATE of the key's row in place, or
+    the INSERT of a new one (the ledger starts a request segment every ten requests of a
+    conversation: ``Cache.set``'s general path cost ~20 us more)."""
     if len(body) < INLINE_BYTES:
         now = time.time()
         expire = None if ttl is None else now + ttl
-        args = (now, expire, now, tag, sqlite3.Binary(body), key)
-        if cache._sql(_UPDATE, args).rowcount == 1:
+        value = sqlite3.Binary(body)
+        if cache._sql(_UPDATE, (now, expire, now, tag, value, key)).rowcount == 1:
             return
+        try:
+            cache._sql(_INSERT, (key, now, expire, now, tag, value))
+            return
+        except sqlite3.IntegrityError:  # there, its value in a file: diskcache moves it
+            pass
     cache.set(key, body, expire=ttl, tag=tag)
 
 

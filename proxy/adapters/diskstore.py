@@ -230,6 +230,11 @@ class DiskStore(WriteFailures):
             self._reads = None
             log.warning("store read cache off", extra={"error": str(exc)})
 
+    def _rows(self) -> Any:
+        """The cache to write rows through: this thread's batch's (``Pinned``) inside one."""
+        pinned = getattr(self._batching, "rows", None)
+        return pinned if pinned is not None and self._batching.on else self._cache
+
     def _transact(self, fn: Callable[[Any], Any], key: str) -> Any:
         """``fn(cache)`` under one diskcache transaction, as a write of ``key``."""
         pinned = getattr(self._batching, "rows", None)
@@ -280,7 +285,7 @@ class DiskStore(WriteFailures):
     def set(self, key: str, value: Any, ttl: float | None = None) -> None:
         body = dump(value)
         try:
-            self._write(lambda: put_row(self._cache, key, body, ttl))
+            self._write(lambda: put_row(self._rows(), key, body, ttl))
         finally:
             self._changed(key)
 
