@@ -12,8 +12,10 @@ agent conversations each start at ``--history`` messages (``bench.agent_body``'s
 repeated) and grow by a turn (an assistant message and a tool result) per flush; each flush
 is ``ledger.record_batch`` of one entry per conversation into a diskcache store, in one
 transaction as the writer does (each entry names the id its session had before its first
-reply, as an agent's requests do). The figure is the thread's CPU over ``FLUSHES`` flushes,
-divided by the requests they held (the first flush, which writes everything, is left out).
+reply, as an agent's requests do; its history goes with the messages' exact digests, as the
+engine hands it on, where the tree has them). The figure is the thread's CPU over
+``FLUSHES`` flushes, divided by the requests they held (the first flush, which writes
+everything, is left out).
 ``--conversations`` sets how many (the operators' sorted-set indexes grow with them).
 ``--parts`` adds each part's share (the writer's functions timed where the ledger calls them:
 the conversation row's update, the request rows, the history, the indexes, the adopt check),
@@ -98,6 +100,17 @@ def _flushes(
     from proxy.adapters.store import DiskStore
     from proxy.operators import ledger
 
+    try:  # the request's exact digests go with its history, as the engine hands them on
+        from proxy.core.fingerprint import fingerprints
+        from proxy.core.prepared import Sent
+    except ImportError:  # (a tree from before them: the messages alone)
+        Sent = None  # type: ignore[assignment,misc]
+
+    def exact_of(messages: list[Any]) -> list[Any]:
+        digests: list[Any] = []
+        fingerprints(messages, None, digests)
+        return digests
+
     body = orjson.loads(agent_body(False))
     turns = body["messages"][1:]
     store = DiskStore(tempfile.mkdtemp(prefix="ledger-flush-"))
@@ -107,6 +120,7 @@ def _flushes(
         while len(messages) < history:
             messages.extend(turns)
         convs[f"conv-{c}"] = messages[:history]
+    exacts = {c: exact_of(m) if Sent is not None else [] for c, m in convs.items()}
 
     def entry(conv: str, n: int) -> Any:
         return ledger.RequestEntry(
@@ -123,12 +137,17 @@ def _flushes(
         batch = []
         for conv, messages in convs.items():
             grown = messages if shared else orjson.loads(orjson.dumps(messages))
-            grown = grown + [
+            turn = [
                 {"role": "assistant", "content": f"step {flush}: reading the next file"},
                 {"role": "user", "content": f"tool output {flush} " + "y" * 400},
             ]
+            grown = grown + turn
             convs[conv] = grown
-            batch.append((entry(conv, len(grown)), grown))
+            sent: Any = grown
+            if Sent is not None:  # (the earlier messages' digests taken, as the engine does)
+                exacts[conv] = exacts[conv] + exact_of(turn)
+                sent = Sent(grown, exacts[conv])
+            batch.append((entry(conv, len(grown)), sent))
         if flush == 1:
             spent_in.clear()  # (the first flush, which writes everything, is left out)
         started = time.thread_time()

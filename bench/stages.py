@@ -177,7 +177,7 @@ async def one(
         stateful=surface.stateful(body),
     )
     t3 = clock()
-    fps, chain = fingerprinted(tenant, view, reuse)  # (the chain's share is small)
+    fps, chain, _ = fingerprinted(tenant, view, reuse)  # (the chain's share is small)
     t4 = clock()
     conversation_id(chain, view, None)
     earlier_conversation_id(chain, view, None)

@@ -20,6 +20,8 @@ import orjson
 import pytest
 
 from proxy.adapters.store import DiskStore, open_store
+from proxy.core.fingerprint import fingerprints
+from proxy.core.prepared import Sent
 from proxy.core.records import conv_key
 from proxy.operators import adopt, history, ledger
 from proxy.operators.history import REFRESH_S, SEGMENT
@@ -259,6 +261,89 @@ def test_memory_beyond_its_bound_is_forgotten_and_nothing_is_lost(
     assert 0 < memory.held <= 2.5 * one and len(memory.by_conv) == 2
 
 
+def _sent(messages: list[dict[str, Any]]) -> Sent:
+    """``messages`` with their exact digests, as the engine hands them to the ledger."""
+    exact: list[bytes | None] = []
+    fingerprints(messages, None, exact)
+    return Sent(messages, exact)
+
+
+class _Encodes:
+    """``history``'s ``orjson``, counting the segments it encodes to name them."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def dumps(self, value: Any) -> bytes:
+        self.count += 1
+        return orjson.dumps(value)
+
+
+def test_segments_named_by_digest_are_written_once_by_any_worker_without_encoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the request's exact digests, a worker that does not remember the conversation
+    names its segments without writing their JSON: only what the stored head lacks is
+    written, and its memory holds ids, not messages."""
+    encodes = _Encodes()
+    monkeypatch.setattr(history, "orjson", encodes)
+    a, b = CountingStore(tmp_path / "s"), CountingStore(tmp_path / "s")
+    first = _messages(3 * SEGMENT + 10)
+    now = time.time()
+    history.write(a, TENANT, CONV, _sent(first), 3600, now=now)
+    named = a.get(BASE)["segments"]
+    assert len(named) == 3 and all(i.startswith("d") for i in named)
+    assert len(a.written) == 1 + 3 and history.read(b, TENANT, CONV) == first
+    grown = copy.deepcopy(first) + _messages(SEGMENT, tag="-more")[1:]
+    history.write(b, TENANT, CONV, _sent(grown), 3600, now=now + 1)
+    after = b.get(BASE)
+    assert after["segments"][:3] == named and len(after["segments"]) == 4
+    assert b.written == [f"{BASE}:{after['segments'][3]}", BASE] and b.deleted == []
+    assert history.read(a, TENANT, CONV) == grown
+    assert encodes.count == 0  # no segment's JSON written to name it
+    assert history._memory(b).by_conv[(TENANT, CONV)].segments == ()
+    # b remembers: the next turn writes the head alone; an edit, its segment and the head.
+    b.written.clear()
+    history.write(b, TENANT, CONV, _sent(grown + [{"role": "user", "content": "?"}]), 3600)
+    assert b.written == [BASE]
+    edited = copy.deepcopy(grown)
+    edited[2]["content"] = "changed by the client"
+    b.written.clear()
+    history.write(b, TENANT, CONV, _sent(edited), 3600, now=now + 2)
+    assert len(b.written) == 2 and b.deleted == [f"{BASE}:{named[0]}"]
+    assert history.read(a, TENANT, CONV) == edited
+    assert _segment_keys(b) == {f"{BASE}:{i}" for i in b.get(BASE)["segments"]}
+
+
+def test_equal_values_written_otherwise_or_without_digests_are_named_by_their_json(
+    tmp_path: Path,
+) -> None:
+    """Digests name what was sent: a message written with its keys in another order is
+    another digest (its segment written again as now sent); a message with no digest (not
+    JSON to the engine) has its segments named by their JSON, as before; switching between
+    the two names rewrites the segments once and drops the others."""
+    store = CountingStore(tmp_path / "s")
+    messages = _messages(2 * SEGMENT + 1)
+    messages[1] = {"role": "user", "content": "hello", "name": "ana"}
+    history.write(store, TENANT, CONV, _sent(messages), None)
+    by_digest = store.get(BASE)["segments"]
+    reordered = copy.deepcopy(messages)
+    reordered[1] = {"name": "ana", "content": "hello", "role": "user"}  # equal, written otherwise
+    assert reordered == messages
+    store.written.clear()
+    history.write(store, TENANT, CONV, _sent(reordered), None)
+    assert len(store.written) == 2 and store.get(BASE)["segments"][1] == by_digest[1]
+    assert history.read(store, TENANT, CONV) == reordered
+    partial = _sent(messages)
+    no_digest = Sent(partial.messages, [None, *partial.exact[1:]])
+    store.written.clear()
+    history.write(store, TENANT, CONV, no_digest, None)
+    by_json = store.get(BASE)["segments"]
+    assert len(store.written) == 3 and not any(i.startswith("d") for i in by_json)
+    assert history.read(store, TENANT, CONV) == messages
+    assert _segment_keys(store) == {f"{BASE}:{i}" for i in by_json}
+
+
 def test_the_ledger_stores_a_long_history_in_segments_and_adopt_removes_them(
     tmp_path: Path,
 ) -> None:
@@ -312,6 +397,8 @@ def test_the_conversation_page_shows_a_long_history_through_a_real_proxy(
     assert len(heads) == 2
     named = {f"{h}:{i}" for h in heads for i in store.get(h)["segments"]}
     assert {k for k in store.keys("orig:") if k.count(":") == 3} == named
+    # Named by the request's exact digests (the engine hands them to the ledger).
+    assert named and all(name.rsplit(":", 1)[1].startswith("d") for name in named)
 
 
 def _original_when_written(root: str, auth: dict[str, str], requests: int) -> Any:

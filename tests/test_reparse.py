@@ -100,9 +100,13 @@ def test_every_recorded_run_is_fingerprinted_as_from_scratch(render: Any, surfac
             assert reuse is not None or surface is OPENAI_CHAT
             tenant = f"tenant-{i // 7}"
             view = surface.to_view(body)
-            fps, chain = fingerprinted(tenant, view, reuse)
+            fps, chain, exact = fingerprinted(tenant, view, reuse)
             assert fps == fingerprints(view)
             assert chain == chain_of(tenant, view, fps)
+            # The exact digests too (the ledger names the history's segments by them).
+            afresh: list[bytes | None] = []
+            assert fingerprints(view, None, afresh) == fps and exact == afresh
+            assert all(d is not None for d in exact)
             # The token counts too (the model changing now and then: counted afresh). The
             # same counter: its counts are remembered by fingerprint, which leaves out cache
             # marks, so a message first counted with one keeps that count.
@@ -123,14 +127,16 @@ def test_prints_not_yet_left_or_another_head_are_computed_afresh() -> None:
     assert found is not None
     # The earlier request never got as far as its fingerprints (it failed, or is in flight).
     view = OPENAI_CHAT.to_view(found.body)
-    fps, chain = fingerprinted("t", view, found.reuse)
+    fps, chain, exact = fingerprinted("t", view, found.reuse)
     assert fps == fingerprints(view) and chain == chain_of("t", view, fps)
     assert found.reuse.mine.fps == fps and found.reuse.mine.chain == chain
+    assert found.reuse.mine.exact == exact and len(exact) == len(view)
     # The earlier view had a message before the history (a system prompt) this one has not.
     earlier = Prints(1, [b"s" * 16, *fps], prefix_chain("t", [b"s" * 16, *fps]))
     reuse = Reuse(earlier, len(view) - 1, len(view), Prints(), 100)
-    fps2, chain2 = fingerprinted("t", view, reuse)
+    fps2, chain2, exact2 = fingerprinted("t", view, reuse)
     assert fps2 == fingerprints(view) and chain2 == chain_of("t", view, fps2)
+    assert exact2 == exact
 
 
 @pytest.mark.parametrize(("render", "surface"), SHAPES)

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from proxy.adapters.store import Store
 from proxy.core.errors import StoreError
+from proxy.core.prepared import Sent
 
 log = logging.getLogger("compaction_proxy.writer")
 
@@ -35,7 +36,8 @@ class Entry(Protocol):
     def conversation(self) -> str: ...
 
 
-History = list[dict[str, Any]] | None
+# A request's history as sent (with each message's exact digest: ``Sent``), or None.
+History = list[dict[str, Any]] | Sent | None
 # Writes one batch of entries and answers each one's net dollars
 # (``operators.ledger.record_batch``): handed in by the engine, so this adapter does not
 # import the operators' layer above it.

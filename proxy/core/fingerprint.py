@@ -133,10 +133,13 @@ class Remembered:
         return len(self._new) + len(self._old)
 
     def fingerprint(self, message: Message) -> bytes:
-        try:
-            key = xxhash.xxh3_128_digest(orjson.dumps(message))
-        except (orjson.JSONEncodeError, TypeError):  # not JSON (the LiteLLM hook's objects)
-            return fingerprint(message)
+        return self.with_exact(message)[0]
+
+    def with_exact(self, message: Message) -> tuple[bytes, bytes | None]:
+        """The fingerprint and ``exact_digest`` of ``message`` (the key it is remembered by)."""
+        key = exact_digest(message)
+        if key is None:  # not JSON (the LiteLLM hook's objects)
+            return fingerprint(message), None
         found = self._new.get(key)
         if found is None:
             found = self._old.get(key)
@@ -145,27 +148,58 @@ class Remembered:
             if len(self._new) >= self.size:
                 self._old, self._new = self._new, {}
             self._new[key] = found
-        return found
+        return found, key
+
+
+def exact_digest(message: Message) -> bytes | None:
+    """A 128-bit digest of ``message``'s exact JSON (None when it is not JSON): equal only for
+    equal values written alike (``fingerprint`` names the meaning; this, what was sent)."""
+    try:
+        return xxhash.xxh3_128_digest(orjson.dumps(message))
+    except (orjson.JSONEncodeError, TypeError):
+        return None
+
+
+def _with_exact_afresh(message: Message) -> tuple[bytes, bytes | None]:
+    return fingerprint(message), exact_digest(message)
 
 
 REMEMBERED = Remembered()
 
 
 def fingerprints(
-    messages: Sequence[Message], remembered: Remembered | None = REMEMBERED
+    messages: Sequence[Message],
+    remembered: Remembered | None = REMEMBERED,
+    exact: list[bytes | None] | None = None,
 ) -> list[bytes]:
     """Each message's ``fingerprint``; those that are not a role and a string through
-    ``remembered`` (None: computed afresh)."""
+    ``remembered`` (None: computed afresh). ``exact``: each one's exact digest is appended
+    to it too (``exact_digest``; for a role and a string, that pair alone is its value, so
+    its fingerprint is). Why: the ledger names the stored history's segments by them, so
+    writing a conversation's history costs what changed in it, not its length (#28)."""
     # ``fingerprint``'s commonest case inline: a call less for each plain message.
     digest = xxhash.xxh3_128_digest
-    other = fingerprint if remembered is None else remembered.fingerprint
     out: list[bytes] = []
+    if exact is None:
+        other = fingerprint if remembered is None else remembered.fingerprint
+        for m in messages:
+            role, content = m.get("role"), m.get("content")
+            if len(m) == 2 and type(role) is str and type(content) is str:
+                out.append(digest(f"plain\x00{role}\x00{content}".encode()))
+            else:
+                out.append(other(m))
+        return out
+    both = _with_exact_afresh if remembered is None else remembered.with_exact
     for m in messages:
         role, content = m.get("role"), m.get("content")
         if len(m) == 2 and type(role) is str and type(content) is str:
-            out.append(digest(f"plain\x00{role}\x00{content}".encode()))
+            plain = digest(f"plain\x00{role}\x00{content}".encode())
+            out.append(plain)
+            exact.append(plain)
         else:
-            out.append(other(m))
+            found, key = both(m)
+            out.append(found)
+            exact.append(key)
     return out
 
 

@@ -76,6 +76,7 @@ class Identity:
     conversation: str
     earlier: str | None
     counts: list[int]
+    exact: list[bytes | None]  # each message's exact digest (``fingerprint.exact_digest``)
 
 
 @quick_init
@@ -99,11 +100,11 @@ class State:
 def identify(env: Env, messages: list[Message], req: Request) -> Identity:
     """Fingerprints, prefix chain, conversation id (and the session's earlier one, see
     ``fingerprint.conversation_id``) and per-message token counts."""
-    fps, chain = fingerprinted(req.tenant, messages, req.reuse)
+    fps, chain, exact = fingerprinted(req.tenant, messages, req.reuse)
     conversation = conversation_id(chain, messages, req.conversation_header)
     earlier = earlier_conversation_id(chain, messages, req.conversation_header)
     counts = counted(env.counter, messages, req.model, fps, req.reuse)
-    return Identity(fps, chain, conversation, earlier, counts)
+    return Identity(fps, chain, conversation, earlier, counts, exact)
 
 
 def read_state(env: Env, req: Request, ident: Identity) -> Flow[State]:
@@ -187,6 +188,7 @@ def prepare(env: Env, messages: list[Message], req: Request) -> Flow[Prepared]:
         shared=req.shared,
         llm_since=llm_since(state.record, state.last_llm, len(messages)),
         edit_limit=state.tracker.edit_limit() if state.tracker else None,
+        original_exact=ident.exact,
     )
     if state.paused and not bypass:
         controls = Controls("compaction paused for this conversation", "opt-out")

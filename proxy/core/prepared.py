@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from proxy.core import layout, planner
 from proxy.core.frozen import quick_init
@@ -21,6 +21,14 @@ from proxy.core.sharedcall import SharedCall
 from proxy.core.stability import StabilityState, TierThresholds
 from proxy.core.tokens import TokenCounter
 from proxy.core.types import Case, CaseName
+
+
+class Sent(NamedTuple):
+    """The messages a client sent (the neutral view) and each one's exact digest (None for
+    one that is not JSON: the LiteLLM hook's objects)."""
+
+    messages: list[Message]
+    exact: Sequence[bytes | None]
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,15 @@ class Prepared:
     # The client edits its own history in place from this index on (``StabilityState
     # .edit_limit``; None: not lately): an optional compaction's record must end there.
     edit_limit: int | None = None
+    # Each of ``original``'s exact digests (``fingerprint.exact_digest``), when identified so:
+    # the ledger names the stored history's segments by them (``sent``).
+    original_exact: Sequence[bytes | None] = ()
+
+    def sent(self) -> list[Message] | Sent:
+        """What the client sent, for the ledger: with its exact digests when identified so,
+        else the messages alone (the ledger then names segments by their JSON)."""
+        exact = self.original_exact
+        return Sent(self.original, exact) if len(exact) == len(self.original) else self.original
 
     @property
     def as_sent(self) -> bool:

@@ -31,6 +31,8 @@ class Prints:
     offset: int = -1
     fps: list[bytes] = field(default_factory=list)
     chain: list[bytes] = field(default_factory=list)
+    # Each view message's exact digest (``fingerprint.exact_digest``; never changed).
+    exact: list[bytes | None] = field(default_factory=list)
     # Each view message's token count for ``counted_as`` (``counted``): looked up per
     # message, they were ~6 % of a 2,000-message request's CPU.
     counts: list[int] = field(default_factory=list)
@@ -69,8 +71,8 @@ NOTHING_YET = Prints()  # (never filled: ``fingerprinted`` fills ``Reuse.mine`` 
 
 def fingerprinted(
     tenant: str, messages: list[Message], reuse: Reuse | None
-) -> tuple[list[bytes], list[bytes]]:
-    """The view's fingerprints and prefix chain (``fingerprint.fingerprints``,
+) -> tuple[list[bytes], list[bytes], list[bytes | None]]:
+    """The view's fingerprints, prefix chain and exact digests (``fingerprint.fingerprints``,
     ``prefix_chain``), taking the earlier body's for the history elements the two share.
 
     A surface's view is the messages before the history (``offset`` of them, computed afresh)
@@ -80,21 +82,24 @@ def fingerprinted(
     left in ``reuse.mine`` (copies: the caller's lists are its own)."""
     # (offset < 0: a view not made one message per element: nothing taken, nothing left)
     offset = len(messages) - reuse.elements if reuse is not None else -1
+    exact: list[bytes | None] = []
     if reuse is None or offset < 0:
-        fps = fingerprints(messages)
-        return fps, chain_of(tenant, messages, fps)
+        fps = fingerprints(messages, exact=exact)
+        return fps, chain_of(tenant, messages, fps), exact
     earlier, shared = reuse.earlier, reuse.shared
-    fps = fingerprints(messages[:offset])
+    fps = fingerprints(messages[:offset], exact=exact)
     # (The chain hashes the messages before the history by role alone, after the tenant's
     # root: equal chains up to the history mean the same tenant and the same roles before.)
     before = chain_of(tenant, messages[:offset], fps)
     same_before = earlier.offset == offset and earlier.chain[: offset + 1] == before
     taken = _taken(earlier.fps, earlier, shared)
-    if taken is not None:
+    taken_exact = _taken(earlier.exact, earlier, shared)
+    if taken is not None and taken_exact is not None:
         fps += taken
-        fps += fingerprints(messages[offset + shared :])
+        exact += taken_exact
+        fps += fingerprints(messages[offset + shared :], exact=exact)
     else:
-        fps += fingerprints(messages[offset:])
+        fps += fingerprints(messages[offset:], exact=exact)
         shared = 0
     if same_before and len(earlier.chain) > offset + shared:
         # The history's first elements are the earlier body's, and so is the chain through them.
@@ -104,8 +109,8 @@ def fingerprinted(
     else:
         chain = chain_of(tenant, messages, fps)
     mine = reuse.mine
-    mine.offset, mine.fps, mine.chain = offset, list(fps), list(chain)
-    return fps, chain
+    mine.offset, mine.fps, mine.chain, mine.exact = offset, list(fps), list(chain), exact
+    return fps, chain, exact
 
 
 def counted(

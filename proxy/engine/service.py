@@ -292,7 +292,7 @@ class Service:
             cache_ttl_s=billing.rules_for(prepared.model, self.config.compaction).ttl_s,
             numbers=numbers,
         )
-        self.compactor.writer.record(entry, prepared.original, call.trace)
+        self.compactor.writer.record(entry, prepared.sent(), call.trace)
 
     def _settle_refusal(
         self, route: str, refused: Prepared, status: int, *, retried: bool = True

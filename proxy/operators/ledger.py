@@ -15,6 +15,7 @@ from typing import Any
 from proxy.adapters.store import Store
 from proxy.core import billing, costs
 from proxy.core.errors import StoreError
+from proxy.core.prepared import Sent
 from proxy.core.records import conv_key
 from proxy.core.types import Case, CaseName
 from proxy.operators import history, index, phantom, reqlog
@@ -84,7 +85,7 @@ def _add(totals: dict[str, Any], entry: RequestEntry) -> dict[str, Any]:
 def record_request(
     store: Store,
     entry: RequestEntry,
-    original: list[dict[str, Any]] | None,
+    original: list[dict[str, Any]] | Sent | None,
     retention_s: float | None,
 ) -> None:
     """Write one request to the conversation, the totals and the hourly series (sync)."""
@@ -186,7 +187,7 @@ def _shadow_saving(meta: dict[str, Any], entry: RequestEntry) -> costs.RequestSa
 
 def record_batch(
     store: Store,
-    batch: list[tuple[RequestEntry, list[dict[str, Any]] | None]],
+    batch: list[tuple[RequestEntry, list[dict[str, Any]] | Sent | None]],
     retention_s: float | None,
 ) -> list[float | None]:
     """Write many requests with one store update per conversation, hour and the totals.
