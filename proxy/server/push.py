@@ -31,9 +31,10 @@ _STATE = ("response_started", "response_complete", "disconnected", "chunked_enco
 
 def cycle_of(bound: Any) -> RequestResponseCycle | None:
     """The uvicorn httptools cycle whose bound method ``bound`` is (its ``send`` or
-    ``receive``), else None: what this module and ``incoming`` read of it they read only
-    from the cycle of today's uvicorn."""
-    cycle = getattr(bound, "__self__", None)
+    ``receive``, or the ``send`` a ``front.Tracked`` wraps as ``raw``), else None: what this
+    module, ``sendstream`` and ``incoming`` read of it they read only from the cycle of
+    today's uvicorn."""
+    cycle = getattr(getattr(bound, "raw", bound), "__self__", None)
     return cycle if type(cycle) is RequestResponseCycle else None
 
 
@@ -55,7 +56,7 @@ class ChunkWriter:
         """The writer for ``send``'s response, if it can be written straight (else None).
         The cycle's state is read as the uvicorn of today keeps it; one that keeps it
         otherwise gets its stream pulled, never a write on a state it does not have."""
-        cycle = cycle_of(getattr(send, "raw", send))
+        cycle = cycle_of(send)
         if cycle is None:
             return None
         state = tuple(getattr(cycle, name, None) for name in _STATE)

@@ -138,7 +138,7 @@ async def _relay_here(
 def _own_cycle(send: Send) -> Any:
     """uvicorn's cycle of ``send``'s response when its transport is this proxy's own (which
     tells of the client leaving), else None."""
-    cycle = cycle_of(getattr(send, "raw", send))
+    cycle = cycle_of(send)
     if cycle is None or type(getattr(cycle, "transport", None)) is not OneWriteTransport:
         return None
     return cycle if isinstance(getattr(cycle, "disconnected", None), bool) else None
