@@ -35,7 +35,7 @@ def _operations(seed: int) -> list[tuple[str, str, Any]]:
     ops: list[tuple[str, str, Any]] = []
     for i in range(400):
         key = f"k{rng.randrange(12)}"
-        kind = rng.choice(("set", "set", "update", "extend", "incr", "delete"))
+        kind = rng.choice(("set", "set", "update", "extend", "extend-new", "incr", "delete"))
         big = rng.random() < 0.15  # over the inline bound below: a file of its own
         ops.append((kind, key, "x" * (300 if big else rng.randrange(1, 60)) + str(i)))
     return ops
@@ -50,6 +50,8 @@ def _apply(store: DiskStore, ops: list[tuple[str, str, Any]], into_batch: bool) 
                 store.update(key, lambda old, v=value: {"old": bool(old), "v": v}, 3600)
             elif kind == "extend":
                 store.extend(f"list-{key}", [value, len(value)], 3600, 5)
+            elif kind == "extend-new":  # (said new, whether or not it is)
+                store.extend(f"list-{key}", [value, len(value)], 3600, 5, new=True)
             elif kind == "incr":
                 store.incr(f"n-{key}", len(value), None)
             else:
@@ -78,15 +80,26 @@ def test_the_same_rows_as_diskcache_and_a_consistent_cache(
         return real_fetch(cache, key)
 
     monkeypatch.setattr(diskstore, "fetch_row", counted)
+    real_insert, inserts = diskrows.insert_row, []
+
+    def inserted(*args: Any) -> bool:
+        done = real_insert(*args)
+        inserts.append(done)
+        return done
+
+    monkeypatch.setattr(diskrows, "insert_row", inserted)
     for seed in range(3):
         ops = _operations(seed)
         _apply(lean, ops, into_batch)
         monkeypatch.setattr(diskstore, "put_row", _diskcache_set)
         monkeypatch.setattr(diskstore, "fetch_row", _diskcache_get)
+        monkeypatch.setattr(diskrows, "insert_row", lambda *_: False)
         _apply(plain, ops, into_batch)  # the reference: diskcache's own set and get
         monkeypatch.setattr(diskstore, "put_row", diskrows.put_row)
         monkeypatch.setattr(diskstore, "fetch_row", counted)
+        monkeypatch.setattr(diskrows, "insert_row", inserted)
     assert fetched  # the lean reads were the ones used
+    assert True in inserts and False in inserts  # new keys inserted; others found there
     assert _rows(lean) == _rows(plain)
     for store in (lean, plain):
         assert _problems(store) == []

@@ -102,7 +102,10 @@ def test_the_ledger_writes_and_a_session_adopts_its_rows_in_segments(tmp_path: P
     assert meta["requests"] == 131 and [r["ts"] for r in rows] == [1.0 + i for i in range(131)]
     assert {r["conversation"] for r in rows} == {"session"}
     key = functools.partial(reqlog.segment_key, conv_key("req", "t", "session"))
-    assert [len(get_list(store, key(k))) for k in range(14)] == [10] * 13 + [1]
+    size = reqlog.SEGMENT
+    assert [len(get_list(store, key(k))) for k in range(131 // size + 2)] == [size] * (
+        131 // size
+    ) + [131 % size, 0]
     store.close()
 
 

@@ -50,12 +50,23 @@ def put_row(cache: Any, key: str, body: bytes, ttl: float | None, tag: Any = Non
         value = sqlite3.Binary(body)
         if cache._sql(_UPDATE, (now, expire, now, tag, value, key)).rowcount == 1:
             return
-        try:
-            cache._sql(_INSERT, (key, now, expire, now, tag, value))
+        if insert_row(cache, key, body, ttl, tag):
             return
-        except sqlite3.IntegrityError:  # there, its value in a file: diskcache moves it
-            pass
-    cache.set(key, body, expire=ttl, tag=tag)
+    cache.set(key, body, expire=ttl, tag=tag)  # (there, its value in a file: diskcache moves it)
+
+
+def insert_row(cache: Any, key: str, body: bytes, ttl: float | None, tag: Any = None) -> bool:
+    """``put_row`` of a key not there yet, in one statement; False (nothing written) when it
+    is there or the value is for a file."""
+    if len(body) >= INLINE_BYTES:
+        return False
+    now = time.time()
+    expire = None if ttl is None else now + ttl
+    try:
+        cache._sql(_INSERT, (key, now, expire, now, tag, sqlite3.Binary(body)))
+    except sqlite3.IntegrityError:
+        return False
+    return True
 
 
 def fetch_row(cache: Any, key: str) -> tuple[Any, Any]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from proxy.adapters import diskrows
 from proxy.adapters.diskrows import INLINE_BYTES, Pinned, fetch_row, put_row, select_rows
 from proxy.adapters.jsonlists import appended
 from proxy.adapters.readcache import ReadCache, open_epochs
@@ -314,11 +315,23 @@ class DiskStore(WriteFailures):
         self.extend(key, [item], ttl, max_items)
 
     def extend(
-        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
+        self,
+        key: str,
+        items: list[Any],
+        ttl: float | None = None,
+        max_items: int = 1000,
+        *,
+        new: bool = False,
     ) -> None:
-        """Atomic append of several items (one transaction), keeping the newest ``max_items``."""
+        """Atomic append of several items (one transaction), keeping the newest ``max_items``.
+        ``new``: the key is most likely absent, so it is inserted first (one statement, not
+        three: a busy conversation's ledger flush starts many request segments, #28)."""
 
         def run(cache: Any) -> None:
+            if new and items:
+                kept = items[-max_items:]
+                if diskrows.insert_row(cache, key, dump(kept), ttl, len(kept)):
+                    return
             raw, count = fetch_row(cache, key)
             body = appended(raw, count, items, max_items) if items else None
             if body is None:  # absent, written by ``set`` (no count), or not a list

@@ -50,7 +50,13 @@ class Store(Protocol):
         self, key: str, item: Any, ttl: float | None = None, max_items: int = 1000
     ) -> None: ...
     def extend(
-        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
+        self,
+        key: str,
+        items: list[Any],
+        ttl: float | None = None,
+        max_items: int = 1000,
+        *,
+        new: bool = False,  # a hint: the key is most likely absent
     ) -> None: ...
     def update(self, key: str, fn: Callable[[Any], Any], ttl: float | None = None) -> Any: ...
     def keys(self, prefix: str) -> Iterator[str]: ...
@@ -120,7 +126,13 @@ class RedisStore(WriteFailures):
         self.extend(key, [item], ttl, max_items)
 
     def extend(
-        self, key: str, items: list[Any], ttl: float | None = None, max_items: int = 1000
+        self,
+        key: str,
+        items: list[Any],
+        ttl: float | None = None,
+        max_items: int = 1000,
+        *,
+        new: bool = False,  # (one RPUSH either way)
     ) -> None:
         if not items:
             return

@@ -8,12 +8,14 @@ its number in the conversation (the ledger row's ``requests``, which counts them
 the same flush before they are written), its segment that place // ``SEGMENT``; a flush
 extends the last segment or two.
 
-Why ten rows: an agent's requests land one a flush (each a few seconds apart, the writer
+Why 25 rows: an agent's requests land one a flush (each a few seconds apart, the writer
 flushing every fraction of a second), so each flush rewrites the segment its row joins, on
 average half of it. Segments of 50 rows rewrote ~12 KB a request (three of SQLite's pages and
-their copies in the write-ahead log): a third of the writer's CPU with 200 conversations.
-Ten rows rewrite ~2.5 KB; a conversation's page reads ~51 segments instead of ~11, in one
-query (docs/benchmarks.md, #28, twenty-sixth stop).
+their copies in the write-ahead log); 25 rewrite half that. Smaller still costs the other
+shape: one conversation sending hundreds of requests a flush (a load test) starts a segment
+every ``SEGMENT`` of them, each a row inserted; at ten rows that cost more than it saved
+(docs/benchmarks.md, #28, twenty-sixth stop). A segment's first row inserts it without
+looking it up (``Store.extend(new=True)``).
 
 Reading takes the newest ``KEEP`` rows: first what earlier versions wrote, read as they are
 (all of it older than any row of this layout): the rows kept as one list
@@ -29,7 +31,7 @@ from typing import Any
 from proxy.adapters.store import Store, read_many
 from proxy.core.records import conv_key
 
-SEGMENT = 10  # rows a segment holds
+SEGMENT = 25  # rows a segment holds
 EARLIER_SEGMENT = 50  # rows a segment of the previous layout held (read, never written)
 KEEP = 500  # the newest rows a conversation's page shows
 
@@ -53,7 +55,9 @@ def append(
     place = max(total - len(rows), 0)
     while rows:
         room = SEGMENT - place % SEGMENT
-        store.extend(segment_key(base, place // SEGMENT), rows[:room], retention_s, SEGMENT)
+        key = segment_key(base, place // SEGMENT)
+        # (A segment's first row starts it: inserted, not looked up first.)
+        store.extend(key, rows[:room], retention_s, SEGMENT, new=room == SEGMENT)
         rows, place = rows[room:], place + room
 
 
