@@ -79,7 +79,8 @@ def fingerprinted(
     and then one message per history element, made from that element alone: the shared
     elements, equal values, have the earlier view's fingerprints. The chain up to them is the
     earlier one when the tenant and the messages before are the same. What it computes is
-    left in ``reuse.mine`` (copies: the caller's lists are its own)."""
+    left in ``reuse.mine`` (copies of the fingerprints and chain: the caller's lists are its
+    own; the digests' list is shared, never changed by anyone)."""
     # (offset < 0: a view not made one message per element: nothing taken, nothing left)
     offset = len(messages) - reuse.elements if reuse is not None else -1
     exact: list[bytes | None] = []

@@ -154,8 +154,8 @@ def write(
         if named is not None:
             ids, sizes = list(before.ids[:start]) if before else [], [NAMED_BYTES] * start
             prefix = prefix or _digest_of(exact, full)
-        else:
-            start = 0
+        else:  # (a message with no digest: all of them named by their JSON, as before)
+            start, prefix = 0, None
     kept_stored = False
     for i in range(start, full // SEGMENT):
         segment = messages[i * SEGMENT : (i + 1) * SEGMENT]
