@@ -42,15 +42,15 @@ _SELECT = (
 
 def put_row(cache: Any, key: str, body: bytes, ttl: float | None, tag: Any = None) -> None:
     """``cache.set(key, body, expire=ttl, tag=tag)``: an UPDATE of the key's row in place, or
-    the INSERT of a new one (the ledger starts a request segment every ten requests of a
-    conversation: ``Cache.set``'s general path cost ~20 us more)."""
+    the INSERT of a new one (the ledger starts request segments as conversations grow:
+    ``Cache.set``'s general path cost ~20 us more)."""
     if len(body) < INLINE_BYTES:
         now = time.time()
         expire = None if ttl is None else now + ttl
         value = sqlite3.Binary(body)
         if cache._sql(_UPDATE, (now, expire, now, tag, value, key)).rowcount == 1:
             return
-        if insert_row(cache, key, body, ttl, tag):
+        if _inserted(cache, key, now, expire, tag, value):
             return
     cache.set(key, body, expire=ttl, tag=tag)  # (there, its value in a file: diskcache moves it)
 
@@ -62,9 +62,13 @@ def insert_row(cache: Any, key: str, body: bytes, ttl: float | None, tag: Any = 
         return False
     now = time.time()
     expire = None if ttl is None else now + ttl
+    return _inserted(cache, key, now, expire, tag, sqlite3.Binary(body))
+
+
+def _inserted(cache: Any, key: str, now: float, expire: float | None, tag: Any, value: Any) -> bool:
     try:
-        cache._sql(_INSERT, (key, now, expire, now, tag, sqlite3.Binary(body)))
-    except sqlite3.IntegrityError:
+        cache._sql(_INSERT, (key, now, expire, now, tag, value))
+    except sqlite3.IntegrityError:  # there already
         return False
     return True
 

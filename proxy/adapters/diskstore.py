@@ -231,15 +231,15 @@ class DiskStore(WriteFailures):
             self._reads = None
             log.warning("store read cache off", extra={"error": str(exc)})
 
-    def _rows(self) -> Any:
-        """The cache to write rows through: this thread's batch's (``Pinned``) inside one."""
+    def _pinned(self) -> Pinned | None:
+        """This thread's batch's cache (``Pinned``) while it is in one, else None."""
         pinned = getattr(self._batching, "rows", None)
-        return pinned if pinned is not None and self._batching.on else self._cache
+        return pinned if pinned is not None and self._batching.on else None
 
     def _transact(self, fn: Callable[[Any], Any], key: str) -> Any:
         """``fn(cache)`` under one diskcache transaction, as a write of ``key``."""
-        pinned = getattr(self._batching, "rows", None)
-        if pinned is not None and self._batching.on:
+        pinned = self._pinned()
+        if pinned is not None:
             # In this thread's batch, its transaction (diskcache's nested ``transact`` only
             # checks so) on the connection it began on: ~4 us a write less (#28).
             try:
@@ -286,7 +286,7 @@ class DiskStore(WriteFailures):
     def set(self, key: str, value: Any, ttl: float | None = None) -> None:
         body = dump(value)
         try:
-            self._write(lambda: put_row(self._rows(), key, body, ttl))
+            self._write(lambda: put_row(self._pinned() or self._cache, key, body, ttl))
         finally:
             self._changed(key)
 
